@@ -1,0 +1,79 @@
+"""celery-bidding: contract-net task allocation for Celery.
+
+```python
+import bidding
+bidding.install(app)
+
+@app.task(base=bidding.BiddingTask, task_type="extraction", required_skills=["pdf"])
+def extract(url): ...
+
+extract.delay(url).get()           # announced, bid on, awarded, run on the winner
+bidding.explain(result.id, app=app)
+```
+"""
+
+from bidding.app import install
+from bidding.config import Settings, load_settings
+from bidding.errors import (
+    BiddingError,
+    ConfigurationError,
+    NoBidsError,
+    ProfileError,
+    UnknownStrategyError,
+    UnknownTaskError,
+)
+from bidding.explain import Explanation, explain
+from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
+from bidding.profile import NodeProfile, load_profile
+from bidding.settings import get_settings
+from bidding.strategies import (
+    AgentJudgment,
+    BestSkillMatch,
+    Composite,
+    HighestConfidence,
+    Judgment,
+    NodeCapability,
+    Routing,
+    SelectionStrategy,
+    WeightedScore,
+    llm_judge,
+    register_strategy,
+    resolve_strategy,
+)
+from bidding.task import BiddingTask
+
+__all__ = [
+    "AgentJudgment",
+    "Announcement",
+    "Award",
+    "BestSkillMatch",
+    "Bid",
+    "BiddingError",
+    "BiddingTask",
+    "Composite",
+    "ConfigurationError",
+    "Explanation",
+    "HighestConfidence",
+    "Judgment",
+    "NoBidsError",
+    "NodeCapability",
+    "NodeProfile",
+    "ProfileError",
+    "Refusal",
+    "RetryPolicy",
+    "Routing",
+    "Score",
+    "SelectionStrategy",
+    "Settings",
+    "UnknownStrategyError",
+    "UnknownTaskError",
+    "WeightedScore",
+    "explain",
+    "get_settings",
+    "install",
+    "llm_judge",
+    "load_profile",
+    "load_settings",
+    "register_strategy",
+    "resolve_strategy",
+]

@@ -1,0 +1,300 @@
+"""Closing an auction: collect bids, rank them, award once, route the execution.
+
+``decide`` is pure: eligibility (min_confidence, min_trust, budget), the strategy's pick with
+every bid's score, and the no-bid outcomes of seeds 000 and 001. ``receive_bid`` and
+``close_auction`` apply it to the store with a compare-and-set on the announcement's state, so
+the last bid, the deadline closer and any duplicate all race safely: exactly one awards.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from typing import Any, cast
+
+from celery import Celery
+from sqlalchemy import CursorResult, func, select, update
+
+from bidding import journal, lifecycle, scoring
+from bidding.config import Settings
+from bidding.errors import NoBidsError
+from bidding.models import Announcement, Award, Bid, Refusal, Score
+from bidding.profile import exec_queue
+from bidding.registry import LiveNode, live_nodes
+from bidding.store import read_session, write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import BidRow
+from bidding.strategies import (
+    ScoringStrategy,
+    SelectionStrategy,
+    capabilities_of,
+    resolve_strategy,
+    run_select,
+    strategy_name,
+)
+
+logger = logging.getLogger(__name__)
+
+NO_BIDDERS = "No bidders registered"
+NO_BIDS = "No bids received"
+NO_CONFIDENT_BIDS = "No bids met minimum confidence"
+NO_VALID_BIDS = "No valid bids"
+
+#: Header names carried by an execution message.
+ATTEMPT_HEADER = "bidding_attempt"
+NODE_HEADER = "bidding_node"
+
+
+def ineligibility(bid: Bid, rfp: Announcement) -> str | None:
+    """Why ``bid`` may not win ``rfp`` (seed 001's min_confidence, AITP's min_trust and budget)."""
+    if bid.confidence < rfp.min_confidence:
+        return f"confidence {bid.confidence:.2f} below min_confidence {rfp.min_confidence:.2f}"
+    if bid.trust < rfp.min_trust:
+        return f"trust {bid.trust:.1f} below min_trust {rfp.min_trust:.1f}"
+    if rfp.budget is not None and bid.cost > rfp.budget:
+        return f"cost {bid.cost:.4f} exceeds budget {rfp.budget:.4f}"
+    return None
+
+
+def decide(
+    rfp: Announcement,
+    bids: Sequence[Bid],
+    refusals: Sequence[Refusal],
+    strategy: SelectionStrategy,
+    *,
+    closed_by: str,
+    candidates: int,
+) -> Award:
+    """Rank the bids of ``rfp`` and name the winner, or say why there is none."""
+    name = strategy_name(strategy)
+    eligible: list[Bid] = []
+    scores: list[Score] = []
+    caps = capabilities_of(bids)
+    for bid in bids:
+        why = ineligibility(bid, rfp)
+        if why is None:
+            eligible.append(bid)
+        else:
+            scores.append(Score(node=bid.node, total=0.0, eligible=False, reason=why))
+    if not eligible:
+        return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="failed", strategy=name,
+                     closed_by=closed_by, scores=scores,
+                     error=_no_winner_message(rfp, bids, refusals, scores, candidates))
+    if isinstance(strategy, ScoringStrategy):
+        scores.extend(strategy.score_all(eligible, rfp, caps))
+    winner = run_select(strategy, eligible, rfp, caps)
+    reasoning = getattr(strategy, "last_reasoning", "")
+    if winner is None:
+        return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="failed", strategy=name,
+                     closed_by=closed_by, scores=scores,
+                     error=f"{NO_VALID_BIDS}: strategy {name} selected none of "
+                           f"{len(eligible)} eligible bid(s)")
+    if reasoning:
+        scores = [s.model_copy(update={"reason": reasoning}) if s.node == winner.node else s
+                  for s in scores]
+    return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=winner.node,
+                 strategy=name, closed_by=closed_by, scores=scores)
+
+
+def _no_winner_message(
+    rfp: Announcement,
+    bids: Sequence[Bid],
+    refusals: Sequence[Refusal],
+    scores: Sequence[Score],
+    candidates: int,
+) -> str:
+    if candidates == 0:
+        skills = ", ".join(rfp.required_skills) or "any skill"
+        return f"{NO_BIDDERS}: no live node offers {skills}"
+    if not bids:
+        if refusals:
+            reasons = "; ".join(f"{r.node}: {r.reason}" for r in refusals)
+            return f"{NO_BIDS}: every answering node refused ({reasons})"
+        return f"{NO_BIDS}: none of {candidates} candidate(s) answered within {rfp.window:g}s"
+    reasons = "; ".join(f"{s.node}: {s.reason}" for s in scores)
+    if all(s.reason.startswith("confidence") for s in scores):
+        return f"{NO_CONFIDENT_BIDS} ({rfp.min_confidence:.2f}): {reasons}"
+    return f"{NO_VALID_BIDS}: {reasons}"
+
+
+def fallback_node(live: Sequence[LiveNode], in_flight: dict[str, int],
+                  rng: random.Random | None = None) -> str | None:
+    """Seed 000's fallback assignment: the least-loaded live node, ties at random."""
+    if not live:
+        return None
+    rng = rng or random.Random()
+    loads = {n.name: scoring.load_score(in_flight.get(n.name, 0), n.capacity) for n in live}
+    best = max(loads.values())
+    return rng.choice(sorted(name for name, load in loads.items() if load == best))
+
+
+def refresh_loads(bids: Sequence[Bid], in_flight: dict[str, int]) -> list[Bid]:
+    """Bring each bid's load up to date with work awarded since it was made.
+
+    Bids of concurrent auctions are made before any of them is awarded, so all of them see
+    idle nodes; awards raise a node's in-flight count at once, and the award uses it here so
+    concurrent auctions spread instead of piling onto the same node.
+    """
+    out = []
+    for bid in bids:
+        now_busy = in_flight.get(bid.node, 0)
+        if now_busy > bid.in_flight:
+            fresh = scoring.load_score(now_busy, bid.capacity)
+            bid = bid.model_copy(update={"load": min(bid.load, fresh), "in_flight": now_busy})
+        out.append(bid)
+    return out
+
+
+def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]:
+    """Tasks awarded and unfinished, per node (derived from announcement states, never leaked)."""
+    if not nodes:
+        return {}
+    with read_session(settings.database_url) as session:
+        rows = session.execute(
+            select(AnnouncementRow.assigned_node, func.count())
+            .where(AnnouncementRow.assigned_node.in_(list(nodes)),
+                   AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES))
+            .group_by(AnnouncementRow.assigned_node)
+        ).all()
+    return {str(node): int(n) for node, n in rows}
+
+
+def receive_bid(settings: Settings, app: Celery, response: Bid | Refusal) -> None:
+    """Record a bid or refusal; the answer that completes the auction closes it at once."""
+    now = time.time()
+    with write_session(settings.database_url) as session:
+        counted = session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == response.task_id,
+                   AnnouncementRow.attempt == response.attempt)
+            .values(bids_received=AnnouncementRow.bids_received + 1)
+            .returning(AnnouncementRow.bids_received, AnnouncementRow.expected_bids,
+                       AnnouncementRow.state)
+        ).one_or_none()
+        if counted is None:
+            logger.warning("bid from %s for unknown task %s (attempt %s) dropped",
+                           response.node, response.task_id, response.attempt)
+            return
+        received, expected, state = counted
+        late = state != lifecycle.BIDDING
+        session.add(_bid_row(response, late))
+        kind = journal.BID if isinstance(response, Bid) else journal.REFUSED
+        detail: dict[str, Any] = {"late": late}
+        if isinstance(response, Refusal):
+            detail["reason"] = response.reason
+        journal.record(session, response.task_id, kind, node=response.node,
+                       attempt=response.attempt, at=now, **detail)
+    if not late and received >= expected:
+        close_auction(settings, app, response.task_id, response.attempt, closed_by="all bids in")
+
+
+def _bid_row(response: Bid | Refusal, late: bool) -> BidRow:
+    if isinstance(response, Refusal):
+        return BidRow(task_id=response.task_id, attempt=response.attempt, node=response.node,
+                      will_bid=False, reason=response.reason, payload=response.model_dump(),
+                      late=late, bid_at=response.bid_at)
+    return BidRow(
+        task_id=response.task_id, attempt=response.attempt, node=response.node, will_bid=True,
+        capability=response.capability, experience=response.experience, load=response.load,
+        confidence=response.confidence, cost=response.cost, latency_ms=response.latency_ms,
+        trust=response.trust, payload=response.model_dump(), late=late, bid_at=response.bid_at,
+    )
+
+
+def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
+                  closed_by: str) -> Award | None:
+    """Award ``task_id``'s auction if it is still open; None when someone else already did."""
+    with read_session(settings.database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None or row.state != lifecycle.BIDDING or row.attempt != attempt:
+            return None
+        rfp = Announcement.model_validate(row.spec)
+        candidates = len(row.candidates)
+        bid_rows = session.scalars(
+            select(BidRow).where(BidRow.task_id == task_id, BidRow.attempt == attempt,
+                                 BidRow.late.is_(False))
+        ).all()
+        bids = [Bid.model_validate(r.payload) for r in bid_rows if r.will_bid]
+        refusals = [Refusal.model_validate(r.payload) for r in bid_rows if not r.will_bid]
+    bids = refresh_loads(bids, in_flight_counts(settings, [b.node for b in bids]))
+    strategy = resolve_strategy(rfp.strategy)
+    award = decide(rfp, bids, refusals, strategy, closed_by=closed_by, candidates=candidates)
+    if award.outcome == "failed" and rfp.no_bid == "fallback":
+        live = live_nodes(settings)
+        node = fallback_node(live, in_flight_counts(settings, [n.name for n in live]))
+        if node is not None:
+            award = award.model_copy(update={"outcome": "fallback", "winner": node})
+    if not _commit_award(settings, rfp, award):
+        return None
+    if award.winner is not None:
+        send_execution(app, rfp, award.winner)
+    else:
+        app.backend.mark_as_failure(task_id, NoBidsError(award.error or NO_VALID_BIDS))
+    logger.info("auction %s closed by %s: %s %s", task_id, closed_by, award.outcome,
+                award.winner or award.error)
+    return award
+
+
+def _commit_award(settings: Settings, rfp: Announcement, award: Award) -> bool:
+    """Write the award if the auction is still open (compare-and-set); False if it was not."""
+    target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
+    by_node = {s.node: s for s in award.scores}
+    winner_score = by_node[award.winner].total if award.winner in by_node else None
+    with write_session(settings.database_url) as session:
+        won = cast(CursorResult[Any], session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == rfp.task_id,
+                   AnnouncementRow.attempt == rfp.attempt,
+                   AnnouncementRow.state == lifecycle.BIDDING)
+            .values(state=target, assigned_node=award.winner, awarded_at=award.awarded_at,
+                    winning_score=winner_score, outcome=award.outcome,
+                    closed_by=award.closed_by, error=award.error,
+                    finished_at=None if award.winner else award.awarded_at)
+        )).rowcount
+        if won != 1:
+            return False
+        winning_bid_id = None
+        for row in session.scalars(select(BidRow).where(
+                BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
+                BidRow.late.is_(False))):
+            score = by_node.get(row.node)
+            if score is not None:
+                row.score = score.total
+                row.breakdown = score.model_dump()
+            row.is_winner = row.will_bid and row.node == award.winner
+            if row.is_winner:
+                winning_bid_id = row.id
+        if winning_bid_id is not None:
+            session.execute(update(AnnouncementRow)
+                            .where(AnnouncementRow.task_id == rfp.task_id)
+                            .values(winning_bid_id=winning_bid_id))
+        if award.winner is not None:
+            journal.record(session, rfp.task_id, journal.AWARDED, node=award.winner,
+                           attempt=rfp.attempt, at=award.awarded_at, outcome=award.outcome,
+                           strategy=award.strategy, score=winner_score,
+                           closed_by=award.closed_by,
+                           latency_ms=round((award.awarded_at - rfp.announced_at) * 1000, 3))
+        else:
+            journal.record(session, rfp.task_id, journal.NO_AWARD, attempt=rfp.attempt,
+                           at=award.awarded_at, error=award.error, closed_by=award.closed_by)
+    return True
+
+
+def send_execution(app: Celery, rfp: Announcement, node: str) -> None:
+    """Send the task itself to ``exec.<node>`` under the id ``.delay()`` returned."""
+    options: dict[str, Any] = {}
+    if rfp.deadline is not None:
+        # Celery revokes a message received after ``expires``: a late task is never started.
+        options["expires"] = rfp.deadline
+    app.send_task(
+        rfp.task_name,
+        args=rfp.args,
+        kwargs=rfp.kwargs,
+        task_id=rfp.task_id,
+        queue=exec_queue(node),
+        routing_key=exec_queue(node),
+        headers={ATTEMPT_HEADER: rfp.attempt, NODE_HEADER: node},
+        **options,
+    )

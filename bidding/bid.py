@@ -1,0 +1,128 @@
+"""A node's bid: sub-scores from its profile and its history in the store (seed 000, AITP 4.1).
+
+``compute_bid`` is pure; ``place_bid`` reads the node's history and calls it. A node refuses
+(seed 001's ``will_bid=False``) with a reason instead of bidding when it cannot do the task.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Integer, func, select
+
+from bidding import lifecycle, scoring
+from bidding.config import Settings
+from bidding.models import Announcement, Bid, Refusal
+from bidding.profile import NodeProfile
+from bidding.store import read_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Episode
+
+
+@dataclass(frozen=True)
+class NodeHistory:
+    """What the store knows about a node when it bids."""
+
+    #: Outcomes of its latest episodes of this task type, newest first.
+    outcomes: tuple[bool, ...] = ()
+    #: Failures of this task type within ``bidding_recent_failure_seconds``.
+    recent_failures: int = 0
+    #: Tasks awarded to it that have not finished.
+    in_flight: int = 0
+    #: All its episodes, and how many succeeded (for learned trust).
+    attempts: int = 0
+    successes: int = 0
+
+
+def refusal_reason(rfp: Announcement, profile: NodeProfile, now: float) -> str | None:
+    """Why ``profile``'s node will not bid on ``rfp``, or None when it will."""
+    if rfp.deadline is not None and now > rfp.deadline:
+        return "deadline passed"
+    if rfp.required_skills and scoring.skill_match(rfp.required_skills, profile.capabilities) == 0:
+        return (
+            f"no matching capability: task needs {', '.join(rfp.required_skills)}; "
+            f"node has {', '.join(profile.capabilities)}"
+        )
+    return None
+
+
+def compute_bid(
+    rfp: Announcement, profile: NodeProfile, history: NodeHistory, now: float | None = None
+) -> Bid | Refusal:
+    """The bid ``profile``'s node makes for ``rfp`` given its ``history``, or its refusal."""
+    now = time.time() if now is None else now
+    reason = refusal_reason(rfp, profile, now)
+    if reason is not None:
+        return Refusal(task_id=rfp.task_id, node=profile.name, attempt=rfp.attempt,
+                       reason=reason, bid_at=now)
+    capability = scoring.capability_score(rfp.required_skills, profile.capabilities)
+    matched = [s for s in rfp.required_skills if s in profile.capabilities]
+    cost = scoring.estimated_cost(profile.price_per_unit, rfp.units)
+    return Bid(
+        task_id=rfp.task_id,
+        node=profile.name,
+        attempt=rfp.attempt,
+        skills=list(profile.capabilities),
+        capability=capability,
+        experience=scoring.experience_score(history.outcomes),
+        load=scoring.load_score(history.in_flight, profile.capacity),
+        confidence=scoring.confidence_score(rfp.content),
+        cost=cost,
+        latency_ms=profile.latency_ms,
+        trust=scoring.learned_trust(profile.trust, history.successes, history.attempts),
+        recent_failures=history.recent_failures,
+        in_flight=history.in_flight,
+        capacity=profile.capacity,
+        is_preferred_node=rfp.preferred_node == profile.name,
+        proposal=(
+            f"{profile.name} offers {', '.join(matched) or 'general capacity'} "
+            f"at {cost:.4f} for {rfp.units:g} unit(s), ~{profile.latency_ms:.0f} ms latency, "
+            f"{history.in_flight}/{profile.capacity} busy"
+        ),
+        bid_at=now,
+    )
+
+
+def gather_history(
+    settings: Settings, node: str, task_type: str, now: float | None = None
+) -> NodeHistory:
+    """Read ``node``'s history from the store: recent episodes, in-flight work, trust inputs."""
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        latest = session.execute(
+            select(Episode.success, Episode.finished_at)
+            .where(Episode.node == node, Episode.task_type == task_type)
+            .order_by(Episode.finished_at.desc())
+            .limit(settings.experience_window)
+        ).all()
+        in_flight = session.scalar(
+            select(func.count())
+            .select_from(AnnouncementRow)
+            .where(
+                AnnouncementRow.assigned_node == node,
+                AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES),
+            )
+        ) or 0
+        totals = session.execute(
+            select(func.count(), func.coalesce(func.sum(Episode.success.cast(Integer)), 0))
+            .where(Episode.node == node)
+        ).one()
+    cutoff = now - settings.recent_failure_seconds
+    return NodeHistory(
+        outcomes=tuple(bool(ok) for ok, _ in latest),
+        recent_failures=sum(1 for ok, at in latest if not ok and at >= cutoff),
+        in_flight=int(in_flight),
+        attempts=int(totals[0]),
+        successes=int(totals[1]),
+    )
+
+
+def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile) -> Bid | Refusal:
+    """Compute this node's answer to ``rfp`` from its profile and the store."""
+    now = time.time()
+    if refusal_reason(rfp, profile, now) is None:
+        history = gather_history(settings, profile.name, rfp.task_type, now)
+    else:
+        history = NodeHistory()
+    return compute_bid(rfp, profile, history, now)

@@ -1,0 +1,220 @@
+"""The ``bidding`` command: run a node, explain an award, list nodes, show stats, migrate.
+
+```
+bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
+bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
+bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from celery import Celery
+from celery.app.utils import find_app
+
+from bidding.config import Settings, load_settings
+from bidding.errors import BiddingError
+from bidding.node import PROFILE_ENV
+from bidding.profile import bid_queue, exec_queue, load_profile
+
+
+def _load_app(name: str) -> Celery:
+    # Like `celery -A`, resolve the app relative to the current directory.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        app = find_app(name)
+    except Exception as exc:
+        raise click.BadParameter(
+            f"cannot load app {name!r}: {exc}", param_hint="-A/--app"
+        ) from None
+    if not isinstance(app, Celery):
+        raise click.BadParameter(f"{name!r} is not a Celery app", param_hint="-A/--app")
+    from bidding.app import install
+
+    install(app)
+    return app
+
+
+def _settings(app_name: str | None, database_url: str | None) -> Settings:
+    if app_name:
+        from bidding.settings import get_settings
+
+        settings = get_settings(_load_app(app_name))
+    else:
+        settings = load_settings({})
+    if database_url:
+        settings = settings.model_copy(update={"database_url": database_url})
+    return settings
+
+
+app_option = click.option("-A", "--app", "app_name", envvar="CELERY_APP", default=None,
+                          help="Celery app (module or module:attribute), as with celery -A.")
+db_option = click.option("--database-url", default=None,
+                         help="Store URL (default: the app's bidding_database_url).")
+
+
+@click.group()
+def main() -> None:
+    """celery-bidding: nodes bid for tasks, the best bid wins, the task runs there."""
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("profile", type=click.Path(dir_okay=False))
+@app_option
+@click.option("-l", "--loglevel", default="INFO", show_default=True)
+@click.option("-c", "--concurrency", type=int, default=None,
+              help="Worker processes (default: Celery's, the number of CPUs).")
+@click.pass_context
+def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str,
+           concurrency: int | None) -> None:
+    """Start a Celery worker for the node described by PROFILE (a TOML file).
+
+    It consumes bids.<node>, exec.<node> and the control queue, sends events (-E) and
+    heartbeats into the store. Extra arguments are passed to `celery worker`.
+    """
+    try:
+        node = load_profile(profile)
+    except BiddingError as exc:
+        raise click.ClickException(str(exc)) from None
+    if not app_name:
+        raise click.UsageError("pass the Celery app with -A/--app (or set CELERY_APP)")
+    path = str(Path(profile).resolve())
+    os.environ[PROFILE_ENV] = path
+    app = _load_app(app_name)
+    from bidding.settings import get_settings
+    from bidding.store import upgrade
+
+    settings = get_settings(app)
+    upgrade(settings.database_url)
+    argv = [
+        "worker",
+        "-Q", ",".join([bid_queue(node.name), exec_queue(node.name), settings.control_queue]),
+        "-n", f"{node.name}@%h",
+        "-E",
+        "--prefetch-multiplier=1",
+        "--loglevel", loglevel,
+        "--bidding-profile", path,
+    ]
+    if concurrency:
+        argv += ["--concurrency", str(concurrency)]
+    app.worker_main([*argv, *ctx.args])
+
+
+@main.command()
+@click.argument("task_id")
+@app_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the explanation as JSON.")
+def explain(task_id: str, app_name: str | None, database_url: str | None,
+            as_json: bool) -> None:
+    """Show every bid of TASK_ID's auction, its score breakdown, the strategy and the winner."""
+    from bidding.explain import explain as do_explain
+
+    settings = _settings(app_name, database_url)
+    try:
+        result = do_explain(task_id, database_url=settings.database_url)
+    except BiddingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(result.model_dump_json(indent=2) if as_json else result.render())
+
+
+@main.command()
+@app_option
+@db_option
+@click.option("--json", "as_json", is_flag=True)
+def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None:
+    """List the nodes that are alive now (fresh heartbeat), with their profiles."""
+    from bidding.registry import query_live_nodes
+    from bidding.store import ensure_schema
+
+    settings = _settings(app_name, database_url)
+    ensure_schema(settings.database_url)
+    live = query_live_nodes(settings)
+    if as_json:
+        click.echo(json.dumps([n.__dict__ for n in live], indent=2, default=list))
+        return
+    if not live:
+        click.echo("no live nodes")
+    now = time.time()
+    for n in live:
+        click.echo(f"{n.name:<12} capacity {n.capacity:<3} trust {n.trust:>5.1f} "
+                   f"price {n.price_per_unit:<7g} latency {n.latency_ms:>5.0f} ms "
+                   f"beat {now - n.last_heartbeat:4.1f}s ago  {', '.join(n.capabilities)}")
+
+
+@main.command()
+@app_option
+@db_option
+@click.option("--since", type=float, default=0.0, help="Only tasks announced after (Unix time).")
+@click.option("--json", "as_json", is_flag=True)
+def stats(app_name: str | None, database_url: str | None, since: float, as_json: bool) -> None:
+    """Tasks per node, success rate and assignment latency (p50/p99) from the store."""
+    from bidding.stats import collect
+    from bidding.store import ensure_schema
+
+    settings = _settings(app_name, database_url)
+    ensure_schema(settings.database_url)
+    result = collect(settings.database_url, since)
+    if as_json:
+        click.echo(result.model_dump_json(indent=2))
+        return
+    click.echo(render_stats(result))
+
+
+def render_stats(result: Any) -> str:
+    """Plain-text rendering of :class:`bidding.stats.Stats`."""
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f} ms"
+
+    rate = "-" if result.success_rate is None else f"{result.success_rate:.1%}"
+    lines = [
+        f"tasks: {result.announced} announced, {result.succeeded} succeeded, "
+        f"{result.failed} failed, {result.unfinished} unfinished; success rate {rate}",
+        f"assignment latency: p50 {ms(result.assignment_p50_ms)}, "
+        f"p99 {ms(result.assignment_p99_ms)}",
+        f"{'node':<12} {'bids':>5} {'wins':>5} {'ok':>5} {'failed':>6} {'avg score':>9}",
+    ]
+    for n in result.nodes:
+        avg = "-" if n.avg_score is None else f"{n.avg_score:.3f}"
+        lines.append(f"{n.node:<12} {n.bids:>5} {n.wins:>5} {n.succeeded:>5} {n.failed:>6} "
+                     f"{avg:>9}")
+    return "\n".join(lines)
+
+
+@main.group()
+def db() -> None:
+    """Store schema commands."""
+
+
+@db.command()
+@app_option
+@db_option
+def upgrade(app_name: str | None, database_url: str | None) -> None:
+    """Create or migrate the store's schema to the newest revision."""
+    from bidding.store import upgrade as do_upgrade
+
+    settings = _settings(app_name, database_url)
+    do_upgrade(settings.database_url)
+    click.echo(f"store at {settings.database_url} is up to date")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def demo(ctx: click.Context) -> None:
+    """Run the example federation end to end (same as `make demo`)."""
+    from bidding.demo.run import main as demo_main
+
+    raise SystemExit(demo_main(ctx.args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

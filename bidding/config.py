@@ -1,0 +1,93 @@
+"""Typed ``bidding_*`` settings: one place for names, defaults and validation.
+
+Values are read from ``app.conf`` (``bidding_window = 2.0``) and overridden by the environment
+(``BIDDING_WINDOW=0.5``), so every deployment knob can be set without touching code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bidding.errors import ConfigurationError
+from bidding.models import NoBidPolicy, describe_validation
+
+ENV_PREFIX = "BIDDING_"
+CONF_PREFIX = "bidding_"
+
+
+
+class Settings(BaseModel):
+    """Every ``bidding_*`` setting with its default. Field ``x`` is ``app.conf.bidding_x``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: SQLAlchemy URL of the store (announcements, bids, nodes, episodes, messages).
+    database_url: str = "sqlite:///bidding.db"
+    #: Create or upgrade the store's schema (Alembic) on first use in a process.
+    auto_migrate: bool = True
+    #: Seconds an auction waits for bids before it closes with the bids that arrived.
+    window: float = Field(2.0, gt=0, le=3600)
+    #: Default selection strategy (a registered name or ``"package.module:Class"``).
+    strategy: str = "weighted"
+    #: What an auction without a valid bid does: fail the task, or fall back to any live node.
+    no_bid: NoBidPolicy = "fail"
+    #: Bids with a lower confidence are not eligible (seed 001's default is 0.5).
+    min_confidence: float = Field(0.5, ge=0, le=1)
+    #: Bids from nodes with a lower (learned) trust are not eligible (AITP's default is 50).
+    min_trust: float = Field(50.0, ge=0, le=100)
+    #: Send bid requests to at most this many eligible nodes per auction (0 = all of them).
+    candidate_cap: int = Field(16, ge=0)
+    #: Seconds between a node's heartbeats.
+    heartbeat_interval: float = Field(2.0, gt=0)
+    #: A node whose last heartbeat is older than this many seconds is not a candidate.
+    heartbeat_ttl: float = Field(10.0, gt=0)
+    #: Seconds a producer caches the list of live nodes.
+    live_cache_seconds: float = Field(1.0, ge=0)
+    #: Queue of control tasks (deadline closers); every node worker consumes it by default.
+    control_queue: str = "bidding.control"
+    #: Number of a node's latest episodes of a task type that make its experience score.
+    experience_window: int = Field(10, ge=1)
+    #: Failures within this many seconds count as "recent" for the x0.8 penalty.
+    recent_failure_seconds: float = Field(3600.0, gt=0)
+    #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
+    profile: str | None = None
+
+
+SETTING_NAMES: tuple[str, ...] = tuple(Settings.model_fields)
+
+
+def load_settings(
+    conf: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Build :class:`Settings` from a Celery ``app.conf`` mapping, overridden by the environment.
+
+    Raises :class:`ConfigurationError` naming the setting (``bidding_window``) and the reason.
+    """
+    conf = conf if conf is not None else {}
+    environ = environ if environ is not None else os.environ
+    unknown = sorted(str(k) for k in conf if str(k).startswith(CONF_PREFIX)
+                     and str(k)[len(CONF_PREFIX):] not in SETTING_NAMES)
+    if unknown:
+        valid = ", ".join(CONF_PREFIX + n for n in SETTING_NAMES)
+        raise ConfigurationError(
+            f"unknown setting(s) {', '.join(unknown)}; valid settings: {valid}"
+        )
+    values: dict[str, Any] = {}
+    for name in SETTING_NAMES:
+        env_value = environ.get(ENV_PREFIX + name.upper())
+        if env_value is not None:
+            values[name] = env_value
+            continue
+        conf_value = conf.get(CONF_PREFIX + name)
+        if conf_value is not None:
+            values[name] = conf_value
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        reason = describe_validation(exc, CONF_PREFIX)
+        raise ConfigurationError(f"invalid settings: {reason}") from None
+

@@ -1,0 +1,35 @@
+"""Exceptions raised by celery-bidding.
+
+Every exception a caller can see is defined here, so ``except bidding.BiddingError`` catches them
+all. They carry plain messages only, because they travel through Celery's JSON result backend.
+"""
+
+from __future__ import annotations
+
+
+class BiddingError(Exception):
+    """Base class of every celery-bidding error."""
+
+
+class ConfigurationError(BiddingError, ValueError):
+    """A setting, task option or profile is invalid; the message names the field and the reason."""
+
+
+class ProfileError(ConfigurationError):
+    """A node profile (TOML) failed to load or validate."""
+
+
+class UnknownStrategyError(ConfigurationError, LookupError):
+    """A strategy name that is not registered; the message lists the valid names."""
+
+
+class NoBidsError(BiddingError):
+    """An auction ended without a winner (no bidders, no bids, or none valid).
+
+    The message is one of seed 001's outcomes, e.g. ``"No bidders registered"`` or
+    ``"No bids met minimum confidence"``, followed by the details.
+    """
+
+
+class UnknownTaskError(BiddingError, LookupError):
+    """No announcement with this task id is in the store."""

@@ -1,0 +1,193 @@
+"""Value objects of an auction: announcement, bid, refusal, score, award, retry policy.
+
+All are pydantic models so that they validate at the boundary (bad input names the field) and
+travel as JSON through Celery (no pickle anywhere).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from bidding.errors import ConfigurationError
+
+NoBidPolicy = Literal["fail", "fallback"]
+
+#: Keys a caller may pass in ``apply_async(..., bidding={...})`` or ``@app.task(bidding={...})``.
+OPTION_KEYS: tuple[str, ...] = (
+    "task_type",
+    "required_skills",
+    "preferred_node",
+    "priority",
+    "deadline",
+    "budget",
+    "min_confidence",
+    "min_trust",
+    "strategy",
+    "window",
+    "no_bid",
+    "content",
+    "units",
+    "candidate_cap",
+)
+
+
+class Announcement(BaseModel):
+    """One task put up for bidding (the RFP of seed 001, the announcement of seed 000)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str = Field(min_length=1, max_length=64)
+    task_name: str = Field(min_length=1)
+    task_type: str = Field(min_length=1, max_length=64)
+    #: Text the bidders judge the task by (seed 000's task_content).
+    content: str = ""
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    required_skills: list[str] = Field(default_factory=list)
+    preferred_node: str | None = None
+    priority: int = Field(5, ge=0, le=9)
+    #: Unix time after which the task must not start (AITP metadata.deadline).
+    deadline: float | None = None
+    #: Cost limit of the task (AITP metadata.cost_limit); bids above it are not awarded.
+    budget: float | None = Field(None, ge=0)
+    min_confidence: float = Field(0.5, ge=0, le=1)
+    min_trust: float = Field(50.0, ge=0, le=100)
+    strategy: str = "weighted"
+    no_bid: NoBidPolicy = "fail"
+    #: Seconds the auction waits for bids.
+    window: float = Field(2.0, gt=0, le=3600)
+    #: Units of work the task will consume; a bid's cost is price_per_unit * units.
+    units: float = Field(1.0, ge=0)
+    candidate_cap: int = Field(16, ge=0)
+    attempt: int = Field(1, ge=1)
+    announced_at: float = Field(default_factory=time.time)
+
+    @field_validator("required_skills")
+    @classmethod
+    def _skills_are_names(cls, value: list[str]) -> list[str]:
+        cleaned = [s.strip() for s in value]
+        if any(not s for s in cleaned):
+            raise ValueError("skills must be non-empty strings")
+        return list(dict.fromkeys(cleaned))
+
+
+class Bid(BaseModel):
+    """A node's answer to an announcement: its sub-scores and what it offers.
+
+    Sub-scores are in [0, 1] (seed 000); cost, latency and trust are AITP's routing inputs.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    node: str
+    attempt: int = 1
+    #: The node's declared skills (seed 001's AgentCapability.skills).
+    skills: list[str] = Field(default_factory=list)
+    capability: float = Field(ge=0, le=1)
+    experience: float = Field(ge=0, le=1)
+    load: float = Field(ge=0, le=1)
+    confidence: float = Field(ge=0, le=1)
+    cost: float = Field(0.0, ge=0)
+    latency_ms: float = Field(0.0, ge=0)
+    trust: float = Field(50.0, ge=0, le=100)
+    recent_failures: int = Field(0, ge=0)
+    in_flight: int = Field(0, ge=0)
+    capacity: int = Field(1, ge=1)
+    is_preferred_node: bool = False
+    proposal: str = ""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    bid_at: float = Field(default_factory=time.time)
+
+
+class Refusal(BaseModel):
+    """A node declining an announcement (seed 001's ``will_bid=False``), with its reason."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str
+    node: str
+    attempt: int = 1
+    reason: str
+    bid_at: float = Field(default_factory=time.time)
+
+
+class Score(BaseModel):
+    """How a strategy scored one bid: the total and every term that made it."""
+
+    node: str
+    total: float
+    #: Weighted terms, e.g. ``{"capability": 0.4, "experience": 0.09, ...}``.
+    terms: dict[str, float] = Field(default_factory=dict)
+    #: Multipliers applied after the sum, e.g. ``{"preferred_node": 1.1}``.
+    multipliers: dict[str, float] = Field(default_factory=dict)
+    #: False when the bid was filtered out before ranking; ``reason`` says why.
+    eligible: bool = True
+    reason: str = ""
+
+
+AwardOutcome = Literal["awarded", "fallback", "failed"]
+
+
+class Award(BaseModel):
+    """The decision that closes an auction."""
+
+    task_id: str
+    attempt: int = 1
+    outcome: AwardOutcome
+    winner: str | None = None
+    strategy: str
+    #: "all bids in", "deadline" or "no candidates": what closed the auction.
+    closed_by: str
+    scores: list[Score] = Field(default_factory=list)
+    error: str | None = None
+    awarded_at: float = Field(default_factory=time.time)
+
+
+Backoff = Literal["exponential", "linear", "fixed"]
+
+
+class RetryPolicy(BaseModel):
+    """How a failed attempt is retried (AITP 2.2 / 6.1), validated on construction.
+
+    ``RetryPolicy(max_retries=3, backoff="exponential", base_ms=1000)`` gives AITP's schedule:
+    immediate, then 1000, 2000 and 4000 ms, then give up.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_retries: int = Field(3, ge=0, le=100)
+    backoff: Backoff = "exponential"
+    base_ms: float = Field(1000, ge=0)
+    max_ms: float = Field(300_000, ge=0)
+    #: Fraction of the delay added or removed at random (0 = none, 0.1 = +-10%).
+    jitter: float = Field(0.0, ge=0, le=1)
+    #: Exception class names (``"ValueError"`` or ``"pkg.mod.Error"``) that are never retried.
+    non_retryable: tuple[str, ...] = ()
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigurationError(describe_validation(exc, "retry_policy.")) from None
+
+    @classmethod
+    def parse(cls, data: Any) -> RetryPolicy:
+        """A policy from a mapping (e.g. received as JSON), with the constructor's errors."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ConfigurationError(f"retry_policy: expected a mapping (got {data!r})")
+        return cls(**data)
+
+
+def describe_validation(exc: ValidationError, prefix: str = "") -> str:
+    """Render a pydantic error as ``field: reason (got value)`` clauses, field names prefixed."""
+    parts = []
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(root)"
+        parts.append(f"{prefix}{field}: {err['msg']} (got {err.get('input')!r})")
+    return "; ".join(parts)

@@ -1,0 +1,142 @@
+"""Nodes: heartbeats into the store, and which nodes are alive, without asking any worker.
+
+Producers never call ``inspect()`` or ``ping`` (they block for a timeout on every call); they
+read the ``bidding_nodes`` table, which each node's worker refreshes every
+``bidding_heartbeat_interval`` seconds, and cache the answer for ``bidding_live_cache_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from bidding.config import Settings
+from bidding.profile import NodeProfile
+from bidding.store import read_session, write_session
+from bidding.store.schema import Node
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LiveNode:
+    """A node as the producer sees it: its declared profile and when it last beat."""
+
+    name: str
+    capabilities: tuple[str, ...]
+    capacity: int
+    price_per_unit: float
+    latency_ms: float
+    trust: float
+    last_heartbeat: float
+
+
+def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None = None,
+              started_at: float | None = None, now: float | None = None) -> None:
+    """Record that ``profile``'s node is alive now (insert or refresh its row)."""
+    now = time.time() if now is None else now
+    with write_session(settings.database_url) as session:
+        row = session.get(Node, profile.name)
+        if row is None:
+            row = Node(name=profile.name, started_at=started_at or now)
+            session.add(row)
+        row.capabilities = list(profile.capabilities)
+        row.capacity = profile.capacity
+        row.price_per_unit = profile.price_per_unit
+        row.latency_ms = profile.latency_ms
+        row.trust = profile.trust
+        row.description = profile.description
+        row.hostname = hostname or socket.gethostname()
+        row.status = "online"
+        if started_at is not None:
+            row.started_at = started_at
+        row.last_heartbeat = now
+    _live_cache.clear()
+
+
+def mark_offline(settings: Settings, name: str) -> None:
+    """Record a clean shutdown: the node stops being a candidate at once."""
+    with write_session(settings.database_url) as session:
+        session.execute(update(Node).where(Node.name == name).values(status="offline"))
+    _live_cache.clear()
+
+
+def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveNode]:
+    """Nodes whose last heartbeat is within ``bidding_heartbeat_ttl`` seconds."""
+    now = time.time() if now is None else now
+    cutoff = now - settings.heartbeat_ttl
+    with read_session(settings.database_url) as session:
+        rows = session.scalars(
+            select(Node).where(Node.status == "online", Node.last_heartbeat >= cutoff)
+            .order_by(Node.name)
+        ).all()
+        return [
+            LiveNode(
+                name=r.name,
+                capabilities=tuple(r.capabilities),
+                capacity=r.capacity,
+                price_per_unit=r.price_per_unit,
+                latency_ms=r.latency_ms,
+                trust=r.trust,
+                last_heartbeat=r.last_heartbeat,
+            )
+            for r in rows
+        ]
+
+
+_live_cache: dict[str, tuple[float, list[LiveNode]]] = {}
+
+
+def live_nodes(settings: Settings) -> list[LiveNode]:
+    """Live nodes, cached per database for ``bidding_live_cache_seconds``."""
+    now = time.monotonic()
+    cached = _live_cache.get(settings.database_url)
+    if cached is not None and now - cached[0] < settings.live_cache_seconds:
+        return cached[1]
+    nodes = query_live_nodes(settings)
+    _live_cache[settings.database_url] = (now, nodes)
+    return nodes
+
+
+def invalidate_cache() -> None:
+    """Forget cached liveness (tests, and after this process changed a node)."""
+    _live_cache.clear()
+
+
+class Heartbeat:
+    """A daemon thread that keeps one node's row fresh until stopped."""
+
+    def __init__(self, settings: Settings, profile: NodeProfile) -> None:
+        self.settings = settings
+        self.profile = profile
+        self.started_at = time.time()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name=f"bidding-heartbeat-{profile.name}", daemon=True
+        )
+
+    def start(self) -> None:
+        """Beat once now (so the node is a candidate before the first task), then periodically."""
+        heartbeat(self.settings, self.profile, started_at=self.started_at)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating and mark the node offline."""
+        self._stop.set()
+        self._thread.join(timeout=self.settings.heartbeat_interval + 5)
+        try:
+            mark_offline(self.settings, self.profile.name)
+        except Exception:  # shutting down: the TTL will expire the node anyway
+            logger.exception("could not mark node %s offline", self.profile.name)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.heartbeat_interval):
+            try:
+                heartbeat(self.settings, self.profile)
+            except Exception:  # a store hiccup must not kill the heartbeat for good
+                logger.exception("heartbeat of node %s failed", self.profile.name)

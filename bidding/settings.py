@@ -1,0 +1,40 @@
+"""The settings of an app, loaded once and checked for JSON-only serialization."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from bidding.config import Settings, load_settings
+from bidding.errors import ConfigurationError
+
+_ATTR = "_bidding_settings"
+
+
+def get_settings(app: Celery) -> Settings:
+    """``app``'s bidding settings (``app.conf.bidding_*`` overridden by ``BIDDING_*``)."""
+    found: Settings | None = getattr(app, _ATTR, None)
+    if found is None:
+        check_json_only(app)
+        found = load_settings(dict(app.conf))
+        setattr(app, _ATTR, found)
+    return found
+
+
+def reset_settings(app: Celery) -> None:
+    """Forget cached settings (after changing ``app.conf`` in tests)."""
+    if hasattr(app, _ATTR):
+        delattr(app, _ATTR)
+
+
+def check_json_only(app: Celery) -> None:
+    """Refuse an app configured to send or accept pickle: bidding messages are JSON only."""
+    conf = app.conf
+    for key in ("task_serializer", "result_serializer"):
+        if conf.get(key) != "json":
+            raise ConfigurationError(f"{key}: must be 'json' for celery-bidding "
+                                     f"(got {conf.get(key)!r})")
+    for key in ("accept_content", "result_accept_content"):
+        accepted = conf.get(key) or []
+        bad = [c for c in accepted if "pickle" in str(c) or "yaml" in str(c)]
+        if bad:
+            raise ConfigurationError(f"{key}: must accept JSON only (got {list(accepted)!r})")

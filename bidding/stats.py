@@ -1,0 +1,101 @@
+"""Federation statistics from the store: seed 000's monitoring queries, and latency percentiles."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+from sqlalchemy import Integer as _Int
+from sqlalchemy import func, select
+
+from bidding import lifecycle
+from bidding.store import read_session
+from bidding.store.schema import Announcement, BidRow
+
+
+class NodeStats(BaseModel):
+    """One node's share of the work."""
+
+    node: str
+    bids: int
+    wins: int
+    succeeded: int
+    failed: int
+    avg_score: float | None
+
+
+class Stats(BaseModel):
+    """Totals since ``since`` (Unix time; 0 = ever)."""
+
+    announced: int
+    succeeded: int
+    failed: int
+    unfinished: int
+    success_rate: float | None
+    assignment_p50_ms: float | None
+    assignment_p99_ms: float | None
+    avg_bids_per_task: float | None
+    nodes: list[NodeStats]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0-100) by nearest rank; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def collect(database_url: str, since: float = 0.0) -> Stats:
+    """Compute :class:`Stats` over the announcements made since ``since``."""
+    with read_session(database_url) as session:
+        rows = session.execute(
+            select(Announcement.state, Announcement.assigned_node, Announcement.announced_at,
+                   Announcement.awarded_at)
+            .where(Announcement.announced_at >= since)
+        ).all()
+        bid_rows = session.execute(
+            select(BidRow.node, func.count(), func.avg(BidRow.score),
+                   func.sum(func.cast(BidRow.is_winner, _Int)))
+            .join(Announcement, Announcement.task_id == BidRow.task_id)
+            .where(Announcement.announced_at >= since, BidRow.will_bid.is_(True))
+            .group_by(BidRow.node)
+        ).all()
+    latencies = [(aw - an) * 1000 for _, _, an, aw in rows if aw is not None]
+    per_node: dict[str, dict[str, int]] = {}
+    for state, node, _, _ in rows:
+        if node is None:
+            continue
+        counts = per_node.setdefault(node, {"succeeded": 0, "failed": 0})
+        if state == lifecycle.SUCCESS:
+            counts["succeeded"] += 1
+        elif state == lifecycle.FAILED:
+            counts["failed"] += 1
+    succeeded = sum(1 for r in rows if r[0] == lifecycle.SUCCESS)
+    failed = sum(1 for r in rows if r[0] == lifecycle.FAILED)
+    total_bids = sum(int(n) for _, n, _, _ in bid_rows)
+    nodes = sorted({*per_node, *(str(b[0]) for b in bid_rows)})
+    by_node = {str(b[0]): b for b in bid_rows}
+    return Stats(
+        announced=len(rows),
+        succeeded=succeeded,
+        failed=failed,
+        unfinished=len(rows) - succeeded - failed,
+        success_rate=succeeded / (succeeded + failed) if succeeded + failed else None,
+        assignment_p50_ms=percentile(latencies, 50),
+        assignment_p99_ms=percentile(latencies, 99),
+        avg_bids_per_task=total_bids / len(rows) if rows else None,
+        nodes=[
+            NodeStats(
+                node=n,
+                bids=int(by_node[n][1]) if n in by_node else 0,
+                wins=int(by_node[n][3] or 0) if n in by_node else 0,
+                succeeded=per_node.get(n, {}).get("succeeded", 0),
+                failed=per_node.get(n, {}).get("failed", 0),
+                avg_score=float(by_node[n][2]) if n in by_node and by_node[n][2] is not None
+                else None,
+            )
+            for n in nodes
+        ],
+    )

@@ -1,0 +1,6 @@
+"""The store: SQLAlchemy models, sessions and migrations (SQLite by default, PostgreSQL by URL)."""
+
+from bidding.store.engine import dispose_all, get_engine, read_session, write_session
+from bidding.store.migrate import ensure_schema, upgrade
+
+__all__ = ["dispose_all", "ensure_schema", "get_engine", "read_session", "upgrade", "write_session"]

@@ -1,0 +1,143 @@
+"""Engines and sessions of the store, one set per process and URL.
+
+Why this is more than ``create_engine``:
+- a forked Celery child must not reuse its parent's pooled connections, so engines are keyed by
+  process id and a child builds its own (``reset_after_fork`` runs in ``worker_process_init``);
+- SQLite's deferred transactions fail with "database is locked" instead of waiting when two
+  writers upgrade at once, so writes begin with ``BEGIN IMMEDIATE`` (they wait ``busy_timeout``)
+  and the database runs in WAL mode, where readers never block writers.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
+
+_WRITE_OPTION = "bidding_write"
+_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _Engines:
+    pid: int
+    engine: Engine
+    reader: sessionmaker[Session]
+    writer: sessionmaker[Session]
+
+
+_engines: dict[str, _Engines] = {}
+
+
+def normalize_url(url: str) -> str:
+    """Make a URL explicit about its driver: ``postgresql://`` means psycopg 3 here."""
+    u = make_url(url)
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    return u.render_as_string(hide_password=False)
+
+
+def is_sqlite(url: str) -> bool:
+    """True when the URL names a SQLite database."""
+    return make_url(url).get_backend_name() == "sqlite"
+
+
+def _build(url: str) -> _Engines:
+    kwargs: dict[str, Any] = {"future": True}
+    if is_sqlite(url):
+        # Each connection is cheap on SQLite; NullPool avoids holding file handles across forks.
+        kwargs["poolclass"] = NullPool
+        kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
+    else:
+        kwargs["pool_pre_ping"] = True
+        kwargs["pool_size"] = 5
+    engine = create_engine(url, **kwargs)
+    if is_sqlite(url):
+        _configure_sqlite(engine)
+    writer_engine = engine.execution_options(**{_WRITE_OPTION: True})
+    return _Engines(
+        pid=os.getpid(),
+        engine=engine,
+        reader=sessionmaker(bind=engine, expire_on_commit=False),
+        writer=sessionmaker(bind=writer_engine, expire_on_commit=False),
+    )
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+        # Let us emit BEGIN ourselves (pysqlite's implicit BEGIN is always DEFERRED).
+        dbapi_connection.isolation_level = None
+        cur = dbapi_connection.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA busy_timeout=30000")
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Any) -> None:
+        write = conn.get_execution_options().get(_WRITE_OPTION, False)
+        conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+
+def engines(url: str) -> _Engines:
+    """The engines of ``url`` for this process, built on first use (and again after a fork)."""
+    key = normalize_url(url)
+    found = _engines.get(key)
+    if found is not None and found.pid == os.getpid():
+        return found
+    with _lock:
+        found = _engines.get(key)
+        if found is None or found.pid != os.getpid():
+            if found is not None:
+                # Inherited from the parent: drop the pool without closing the parent's sockets.
+                found.engine.dispose(close=False)
+            found = _build(key)
+            _engines[key] = found
+        return found
+
+
+def get_engine(url: str) -> Engine:
+    """The process's engine for ``url``."""
+    return engines(url).engine
+
+
+@contextmanager
+def read_session(url: str) -> Iterator[Session]:
+    """A session for reads; it never takes SQLite's write lock."""
+    with engines(url).reader() as session:
+        yield session
+
+
+@contextmanager
+def write_session(url: str) -> Iterator[Session]:
+    """A session whose transaction is committed on success and rolled back on error."""
+    with engines(url).writer() as session, session.begin():
+        yield session
+
+
+def reset_after_fork() -> None:
+    """Forget engines inherited from a parent process (call in ``worker_process_init``)."""
+    with _lock:
+        for found in _engines.values():
+            if found.pid != os.getpid():
+                found.engine.dispose(close=False)
+        _engines.clear()
+
+
+def dispose_all() -> None:
+    """Close every engine of this process (tests and clean shutdowns)."""
+    with _lock:
+        for found in _engines.values():
+            if found.pid == os.getpid():
+                found.engine.dispose()
+        _engines.clear()

@@ -1,0 +1,105 @@
+"""Schema migrations (Alembic), run programmatically and safely from many processes at once.
+
+Several node workers may start together on a fresh database; a file lock (SQLite) or an
+advisory lock (PostgreSQL) makes one of them migrate while the others wait.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, text
+from sqlalchemy.engine import make_url
+
+from bidding.store.engine import get_engine, is_sqlite, normalize_url
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_ADVISORY_KEY = 7_404_119_005  # any constant shared by every process of this product
+_done: set[str] = set()
+_done_lock = threading.Lock()
+
+
+def alembic_config() -> Config:
+    """An Alembic config pointing at the bundled migrations."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return cfg
+
+
+def head_revision() -> str:
+    """The newest revision of the bundled migrations."""
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(conn: Connection) -> str | None:
+    """The revision the database is at, or None when it has never been migrated."""
+    return MigrationContext.configure(conn).get_current_revision()
+
+
+@contextmanager
+def _migration_lock(url: str) -> Iterator[None]:
+    if is_sqlite(url):
+        database = make_url(url).database
+        if not database or database == ":memory:":
+            yield
+            return
+        lock_path = Path(database).with_suffix(Path(database).suffix + ".migrate-lock")
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    with get_engine(url).connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_KEY})
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_KEY})
+            conn.commit()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Bring the database at ``url`` to ``revision`` (creates the file of a new SQLite store)."""
+    url = normalize_url(url)
+    if is_sqlite(url):
+        database = make_url(url).database
+        if database and database != ":memory:":
+            Path(database).parent.mkdir(parents=True, exist_ok=True)
+    with _migration_lock(url), get_engine(url).begin() as conn:
+        cfg = alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def ensure_schema(url: str) -> None:
+    """Migrate to head once per process, cheaply when the schema is already current."""
+    key = normalize_url(url)
+    if key in _done:
+        return
+    with _done_lock:
+        if key in _done:
+            return
+        with get_engine(key).connect() as conn:
+            current = current_revision(conn)
+        if current != head_revision():
+            upgrade(key)
+        _done.add(key)
+
+
+def forget_schema_checks() -> None:
+    """Make the next ``ensure_schema`` look again (tests that drop databases)."""
+    with _done_lock:
+        _done.clear()

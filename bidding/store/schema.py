@@ -1,0 +1,144 @@
+"""The store's tables as typed SQLAlchemy 2 models.
+
+Times are Unix seconds (float) so the same arithmetic works on SQLite and PostgreSQL and the
+deadline and heartbeat comparisons need no timezone handling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every table of the store."""
+
+
+class Node(Base):
+    """A bidder, as last seen through its heartbeat."""
+
+    __tablename__ = "bidding_nodes"
+
+    name: Mapped[str] = mapped_column(String(32), primary_key=True)
+    capabilities: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    capacity: Mapped[int] = mapped_column(Integer, default=1)
+    price_per_unit: Mapped[float] = mapped_column(Float, default=0.0)
+    latency_ms: Mapped[float] = mapped_column(Float, default=0.0)
+    trust: Mapped[float] = mapped_column(Float, default=50.0)
+    description: Mapped[str] = mapped_column(Text, default="")
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    #: "online" while heartbeating, "offline" after a clean shutdown.
+    status: Mapped[str] = mapped_column(String(16), default="online")
+    started_at: Mapped[float] = mapped_column(Float, default=0.0)
+    last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0, index=True)
+
+
+class Announcement(Base):
+    """One task put up for bidding, and where its auction and execution stand."""
+
+    __tablename__ = "bidding_announcements"
+
+    task_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    task_name: Mapped[str] = mapped_column(String(255))
+    task_type: Mapped[str] = mapped_column(String(64), index=True)
+    content: Mapped[str] = mapped_column(Text, default="")
+    required_skills: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    preferred_node: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    priority: Mapped[int] = mapped_column(Integer, default=5)
+    deadline: Mapped[float | None] = mapped_column(Float, nullable=True)
+    budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+    strategy: Mapped[str] = mapped_column(String(255))
+    #: The announcement as sent to bidders (args, kwargs and every option), JSON.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: PENDING, BIDDING, ASSIGNED, EXECUTING, SUCCESS, FAILED (see bidding.lifecycle).
+    state: Mapped[str] = mapped_column(String(16), default="PENDING")
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    candidates: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    expected_bids: Mapped[int] = mapped_column(Integer, default=0)
+    bids_received: Mapped[int] = mapped_column(Integer, default=0)
+    announced_at: Mapped[float] = mapped_column(Float, index=True)
+    awarded_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    assigned_node: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    winning_bid_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    winning_score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: "awarded", "fallback" or "failed"; and what closed the auction.
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    closed_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+    __table_args__ = (Index("ix_bidding_announcements_node_state", "assigned_node", "state"),)
+
+
+class BidRow(Base):
+    """A bid or refusal, with the score the strategy gave it."""
+
+    __tablename__ = "bidding_bids"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("bidding_announcements.task_id", ondelete="CASCADE"), index=True
+    )
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node: Mapped[str] = mapped_column(String(32))
+    will_bid: Mapped[bool] = mapped_column(Boolean, default=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    capability: Mapped[float | None] = mapped_column(Float, nullable=True)
+    experience: Mapped[float | None] = mapped_column(Float, nullable=True)
+    load: Mapped[float | None] = mapped_column(Float, nullable=True)
+    confidence: Mapped[float | None] = mapped_column(Float, nullable=True)
+    cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    trust: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The full bid as the node sent it (pydantic JSON).
+    payload: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: The strategy's total for this bid and its breakdown (terms, multipliers, eligibility).
+    score: Mapped[float | None] = mapped_column(Float, nullable=True)
+    breakdown: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    is_winner: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: True when the bid arrived after its auction had closed.
+    late: Mapped[bool] = mapped_column(Boolean, default=False)
+    bid_at: Mapped[float] = mapped_column(Float)
+
+
+class Episode(Base):
+    """The outcome of one attempt: where experience and learned trust come from."""
+
+    __tablename__ = "bidding_episodes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(64), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node: Mapped[str] = mapped_column(String(32))
+    task_type: Mapped[str] = mapped_column(String(64))
+    skills: Mapped[list[str]] = mapped_column(JSONType, default=list)
+    success: Mapped[bool] = mapped_column(Boolean)
+    duration_s: Mapped[float] = mapped_column(Float, default=0.0)
+    cost: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    finished_at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("ix_bidding_episodes_node_type", "node", "task_type", "finished_at"),
+        Index("uq_bidding_episodes_attempt", "task_id", "attempt", unique=True),
+    )
+
+
+class Message(Base):
+    """One protocol event (ANNOUNCED, BID, REFUSED, AWARDED, TASK_ACCEPTED, ...)."""
+
+    __tablename__ = "bidding_messages"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(32), index=True)
+    node: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    at: Mapped[float] = mapped_column(Float)

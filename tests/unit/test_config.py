@@ -1,0 +1,192 @@
+"""Unit tests of bidding.config settings and of model validation at the boundary."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bidding.config import Settings, load_settings
+from bidding.errors import ConfigurationError
+from bidding.models import Announcement, RetryPolicy
+
+# --- load_settings --------------------------------------------------------------------------
+
+
+def test_defaults_without_conf_or_environment():
+    # given no app.conf values and an empty environment
+    settings = load_settings({}, {})
+    # then the documented defaults apply
+    assert settings.window == 2.0
+    assert settings.strategy == "weighted"
+    assert settings.no_bid == "fail"
+    assert settings.min_confidence == 0.5
+    assert settings.min_trust == 50.0
+    assert settings.candidate_cap == 16
+    assert settings.database_url == "sqlite:///bidding.db"
+    assert settings.control_queue == "bidding.control"
+    assert settings.experience_window == 10
+    assert settings.profile is None
+    assert settings == Settings()
+
+
+def test_defaults_when_nothing_is_passed(monkeypatch):
+    # given no arguments and no BIDDING_* variable in the process environment
+    monkeypatch.delenv("BIDDING_WINDOW", raising=False)
+    # then load_settings() reads os.environ and still gives the default window
+    assert load_settings().window == 2.0
+
+
+def test_conf_mapping_is_read():
+    # given app.conf-style keys
+    conf = {"bidding_window": 0.5, "bidding_strategy": "composite", "bidding_no_bid": "fallback"}
+    # when settings are loaded
+    settings = load_settings(conf, {})
+    # then they are used
+    assert settings.window == 0.5
+    assert settings.strategy == "composite"
+    assert settings.no_bid == "fallback"
+
+
+def test_conf_none_means_default():
+    # given a conf key explicitly set to None (Celery's "unset")
+    # then the default is used
+    assert load_settings({"bidding_window": None}, {}).window == 2.0
+
+
+def test_environment_overrides_conf():
+    # given conf window 0.5 and BIDDING_WINDOW=0.25 in the environment
+    settings = load_settings({"bidding_window": 0.5}, {"BIDDING_WINDOW": "0.25"})
+    # then the environment wins and the string is parsed as a number
+    assert settings.window == 0.25
+
+
+def test_environment_strings_are_parsed():
+    # given environment values, all strings
+    env = {"BIDDING_AUTO_MIGRATE": "false", "BIDDING_CANDIDATE_CAP": "4", "BIDDING_PROFILE": "x"}
+    settings = load_settings({}, env)
+    # then they are converted to the settings' types
+    assert settings.auto_migrate is False
+    assert settings.candidate_cap == 4
+    assert settings.profile == "x"
+
+
+def test_bad_window_names_the_setting():
+    # given a negative window in conf
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({"bidding_window": -1}, {})
+    message = str(info.value)
+    # then the message names bidding_window, the reason and the value
+    assert "bidding_window: Input should be greater than 0 (got -1)" in message
+
+
+def test_bad_window_from_environment_names_the_setting():
+    # given a non-numeric window in the environment
+    with pytest.raises(ConfigurationError, match="bidding_window") as info:
+        load_settings({}, {"BIDDING_WINDOW": "soon"})
+    assert "'soon'" in str(info.value)
+
+
+def test_bad_no_bid_names_the_setting():
+    # given a no_bid policy that is not "fail" or "fallback"
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({"bidding_no_bid": "retry"}, {})
+    message = str(info.value)
+    # then the message names bidding_no_bid and the allowed values
+    assert "bidding_no_bid:" in message
+    assert "'fail'" in message
+    assert "'fallback'" in message
+    assert "(got 'retry')" in message
+
+
+def test_several_bad_settings_are_all_reported():
+    # given two bad settings at once
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({"bidding_window": 0, "bidding_min_confidence": 2}, {})
+    # then both are named in one message
+    assert "bidding_window" in str(info.value)
+    assert "bidding_min_confidence" in str(info.value)
+
+
+# --- RetryPolicy ----------------------------------------------------------------------------
+
+
+def test_retry_policy_defaults():
+    # given the default policy
+    policy = RetryPolicy()
+    # then it is AITP's: 3 retries, exponential from 1000 ms
+    assert (policy.max_retries, policy.backoff, policy.base_ms) == (3, "exponential", 1000)
+
+
+def test_retry_policy_negative_retries():
+    # given max_retries = -1
+    # then a ConfigurationError names retry_policy.max_retries
+    with pytest.raises(ConfigurationError) as info:
+        RetryPolicy(max_retries=-1)
+    assert "retry_policy.max_retries: Input should be greater than or equal to 0" in str(
+        info.value
+    )
+    assert "(got -1)" in str(info.value)
+
+
+def test_retry_policy_unknown_backoff():
+    # given backoff = "quadratic"
+    # then a ConfigurationError names retry_policy.backoff and the value
+    with pytest.raises(ConfigurationError, match=r"retry_policy\.backoff") as info:
+        RetryPolicy(backoff="quadratic")
+    assert "'quadratic'" in str(info.value)
+    assert "'exponential'" in str(info.value)
+
+
+def test_retry_policy_unknown_key():
+    # given a misspelt option
+    # then the error names it
+    with pytest.raises(ConfigurationError, match=r"retry_policy\.max_retry: Extra inputs"):
+        RetryPolicy(max_retry=2)
+
+
+# --- Announcement validation ----------------------------------------------------------------
+
+
+def announcement(**fields):
+    values = {"task_id": "t-1", "task_name": "demo.work", "task_type": "analysis"}
+    values.update(fields)
+    return Announcement(**values)
+
+
+def test_announcement_defaults():
+    # given a minimal announcement
+    a = announcement()
+    # then seed 000's priority 5 and seed 001's min_confidence 0.5 apply
+    assert a.priority == 5
+    assert a.min_confidence == 0.5
+    assert a.strategy == "weighted"
+    assert a.required_skills == []
+
+
+def test_announcement_priority_10_fails_naming_priority():
+    # given priority 10 (valid range is 0-9)
+    with pytest.raises(ValidationError) as info:
+        announcement(priority=10)
+    # then the error is on the priority field only
+    errors = info.value.errors()
+    assert [e["loc"] for e in errors] == [("priority",)]
+    assert "less than or equal to 9" in errors[0]["msg"]
+
+
+def test_announcement_required_skills_deduplicated():
+    # given required skills with a repeat and padding
+    a = announcement(required_skills=["sql", " sql ", "gpu", "sql"])
+    # then each skill appears once, trimmed, in first-seen order
+    assert a.required_skills == ["sql", "gpu"]
+
+
+def test_announcement_blank_skill_fails():
+    # given a blank skill name
+    with pytest.raises(ValidationError, match="required_skills"):
+        announcement(required_skills=["sql", " "])
+
+
+def test_announcement_unknown_option_fails():
+    # given a misspelt option
+    with pytest.raises(ValidationError, match="prioirty"):
+        announcement(prioirty=3)
