@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets up what it needs.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint unit integration e2e bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[postgres,embedded,api,llm,dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m bidding.demo
+
+test: $(STAMP) lint
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check bidding tests bench
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest tests/unit
+
+integration: $(STAMP)
+	$(PY) -m pytest tests/integration
+
+e2e: $(STAMP)
+	$(PY) -m pytest tests/e2e
+
+clean:
+	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache

