@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,9 +22,9 @@ from pydantic import ValidationError
 from bidding import journal, lifecycle, scoring
 from bidding.award import close_auction
 from bidding.config import Settings
+from bidding.consumer import request_body, request_queue
 from bidding.errors import ConfigurationError
 from bidding.models import OPTION_KEYS, Announcement, describe_validation
-from bidding.profile import bid_queue
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import ensure_schema, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -33,10 +32,6 @@ from bidding.strategies import resolve_strategy, strategy_name
 
 if TYPE_CHECKING:
     from celery import Task
-
-#: Task names of the bidding machinery (registered by ``bidding.install``).
-BID_TASK = "bidding.bid"
-CLOSE_TASK = "bidding.close"
 
 
 def check_options(options: Mapping[str, Any], where: str) -> None:
@@ -171,6 +166,7 @@ def announce(
                 candidates=candidates,
                 expected_bids=len(candidates),
                 announced_at=rfp.announced_at,
+                closes_at=rfp.announced_at + rfp.window,
             )
         )
         journal.record(session, rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt,
@@ -179,21 +175,20 @@ def announce(
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
     else:
-        request_bids(app, settings, rfp, candidates)
+        request_bids(app, rfp, candidates)
     return AsyncResult(rfp.task_id, app=app)
 
 
-def request_bids(app: Celery, settings: Settings, rfp: Announcement,
-                 candidates: Sequence[str]) -> None:
-    """Publish one bid request per candidate and the deadline closer, in one pipelined batch."""
-    payload = rfp.model_dump(mode="json")
-    # A bid request still queued after the window is worthless: workers drop it unread.
-    expires = time.time() + rfp.window * 2
+def request_bids(app: Celery, rfp: Announcement, candidates: Sequence[str]) -> None:
+    """Publish one bid request per candidate, pipelined in one batch where the broker allows.
+
+    No closer message is sent: node workers sweep the store for auctions past their window.
+    """
+    # A request still queued after the window is worthless: the node drops it unread.
+    expires_at = rfp.announced_at + rfp.window
     with app.producer_or_acquire() as producer, producer.batch():
         for node in candidates:
-            app.send_task(BID_TASK, args=[payload, node], queue=bid_queue(node),
-                          routing_key=bid_queue(node), producer=producer,
-                          ignore_result=True, expires=expires)
-        app.send_task(CLOSE_TASK, args=[rfp.task_id, rfp.attempt],
-                      queue=settings.control_queue, routing_key=settings.control_queue,
-                      producer=producer, ignore_result=True, countdown=rfp.window)
+            queue = request_queue(node)
+            producer.publish(request_body(rfp, node, expires_at), exchange="",
+                             routing_key=queue.routing_key, declare=[queue], serializer="json",
+                             retry=True)

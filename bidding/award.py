@@ -11,11 +11,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Any, cast
 
 from celery import Celery
 from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
 from bidding.config import Settings
@@ -25,7 +27,7 @@ from bidding.profile import exec_queue
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow
+from bidding.store.schema import BidRow, Node
 from bidding.strategies import (
     ScoringStrategy,
     SelectionStrategy,
@@ -44,6 +46,8 @@ NO_VALID_BIDS = "No valid bids"
 
 #: Header names carried by an execution message.
 ATTEMPT_HEADER = "bidding_attempt"
+#: Decisions re-made when concurrent awards reserve the same nodes; the last one commits as is.
+RESERVATION_TRIES = 3
 NODE_HEADER = "bidding_node"
 
 
@@ -147,18 +151,23 @@ def refresh_loads(bids: Sequence[Bid], in_flight: dict[str, int]) -> list[Bid]:
     return out
 
 
-def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]:
+def count_in_flight(session: Session, nodes: Sequence[str]) -> dict[str, int]:
     """Tasks awarded and unfinished, per node (derived from announcement states, never leaked)."""
     if not nodes:
         return {}
-    with read_session(settings.database_url) as session:
-        rows = session.execute(
-            select(AnnouncementRow.assigned_node, func.count())
-            .where(AnnouncementRow.assigned_node.in_(list(nodes)),
-                   AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES))
-            .group_by(AnnouncementRow.assigned_node)
-        ).all()
+    rows = session.execute(
+        select(AnnouncementRow.assigned_node, func.count())
+        .where(AnnouncementRow.assigned_node.in_(list(nodes)),
+               AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES))
+        .group_by(AnnouncementRow.assigned_node)
+    ).all()
     return {str(node): int(n) for node, n in rows}
+
+
+def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]:
+    """``count_in_flight`` in a read session of its own."""
+    with read_session(settings.database_url) as session:
+        return count_in_flight(session, nodes)
 
 
 def receive_bid(settings: Settings, app: Celery, response: Bid | Refusal) -> None:
@@ -218,16 +227,34 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         ).all()
         bids = [Bid.model_validate(r.payload) for r in bid_rows if r.will_bid]
         refusals = [Refusal.model_validate(r.payload) for r in bid_rows if not r.will_bid]
-    bids = refresh_loads(bids, in_flight_counts(settings, [b.node for b in bids]))
     strategy = resolve_strategy(rfp.strategy)
-    award = decide(rfp, bids, refusals, strategy, closed_by=closed_by, candidates=candidates)
-    if award.outcome == "failed" and rfp.no_bid == "fallback":
-        live = live_nodes(settings)
-        node = fallback_node(live, in_flight_counts(settings, [n.name for n in live]))
-        if node is not None:
-            award = award.model_copy(update={"outcome": "fallback", "winner": node})
-    if not _commit_award(settings, rfp, award):
+    bidders = sorted(b.node for b in bids)
+
+    def make_award(counts: dict[str, int]) -> Award:
+        award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
+                       closed_by=closed_by, candidates=candidates)
+        if award.outcome == "failed" and rfp.no_bid == "fallback":
+            live = live_nodes(settings)
+            node = fallback_node(live, in_flight_counts(settings, [n.name for n in live]))
+            if node is not None:
+                award = award.model_copy(update={"outcome": "fallback", "winner": node})
+        return award
+
+    result: Award | _Commit = _Commit.STALE
+    for attempt_no in range(1, RESERVATION_TRIES + 1):
+        if attempt_no < RESERVATION_TRIES:
+            # Optimistic: decide without holding locks (a strategy may be slow, e.g. an LLM
+            # judge); the commit re-checks the counts and sends us round if they moved.
+            counts = in_flight_counts(settings, bidders)
+            result = _commit_award(settings, rfp, bidders, make_award, (make_award(counts), counts))
+        else:
+            # Contended: decide inside the locked transaction, so this one cannot be stale.
+            result = _commit_award(settings, rfp, bidders, make_award, None)
+        if result is not _Commit.STALE:
+            break
+    if not isinstance(result, Award):
         return None
+    award = result
     if award.winner is not None:
         send_execution(app, rfp, award.winner)
     else:
@@ -237,12 +264,59 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     return award
 
 
-def _commit_award(settings: Settings, rfp: Announcement, award: Award) -> bool:
-    """Write the award if the auction is still open (compare-and-set); False if it was not."""
-    target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
-    by_node = {s.node: s for s in award.scores}
-    winner_score = by_node[award.winner].total if award.winner in by_node else None
+def close_expired(settings: Settings, app: Celery, now: float | None = None,
+                  limit: int = 100) -> int:
+    """Close every open auction past its window (the deadline closer); returns how many."""
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        due = session.execute(
+            select(AnnouncementRow.task_id, AnnouncementRow.attempt)
+            .where(AnnouncementRow.state == lifecycle.BIDDING, AnnouncementRow.closes_at <= now)
+            .order_by(AnnouncementRow.closes_at)
+            .limit(limit)
+        ).all()
+    closed = 0
+    for task_id, attempt in due:
+        if close_auction(settings, app, task_id, attempt, closed_by="deadline") is not None:
+            closed += 1
+    return closed
+
+
+class _Commit(Enum):
+    #: Someone else closed the auction first.
+    LOST = "lost"
+    #: In-flight counts moved since the decision: decide again.
+    STALE = "stale"
+
+
+def _commit_award(
+    settings: Settings,
+    rfp: Announcement,
+    bidders: Sequence[str],
+    make_award: Callable[[dict[str, int]], Award],
+    decided: tuple[Award, dict[str, int]] | None,
+) -> Award | _Commit:
+    """Write the award if the auction is still open (compare-and-set on its state).
+
+    The bidders' node rows are locked and their in-flight counts re-read first. An award
+    ``decided`` outside on other counts is not written (STALE): another award reserved one of
+    these nodes meanwhile. With ``decided=None`` the award is made here, under the lock.
+    SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row locks.
+    """
     with write_session(settings.database_url) as session:
+        if bidders:
+            session.execute(select(Node.name).where(Node.name.in_(list(bidders)))
+                            .order_by(Node.name).with_for_update())
+        now_counts = count_in_flight(session, bidders)
+        if decided is None:
+            award = make_award(now_counts)
+        else:
+            award, seen = decided
+            if any(now_counts.get(n, 0) != seen.get(n, 0) for n in bidders):
+                return _Commit.STALE
+        target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
+        by_node = {s.node: s for s in award.scores}
+        winner_score = by_node[award.winner].total if award.winner in by_node else None
         won = cast(CursorResult[Any], session.execute(
             update(AnnouncementRow)
             .where(AnnouncementRow.task_id == rfp.task_id,
@@ -254,7 +328,7 @@ def _commit_award(settings: Settings, rfp: Announcement, award: Award) -> bool:
                     finished_at=None if award.winner else award.awarded_at)
         )).rowcount
         if won != 1:
-            return False
+            return _Commit.LOST  # nothing was written; the locks go with the transaction
         winning_bid_id = None
         for row in session.scalars(select(BidRow).where(
                 BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
@@ -279,7 +353,7 @@ def _commit_award(settings: Settings, rfp: Announcement, award: Award) -> bool:
         else:
             journal.record(session, rfp.task_id, journal.NO_AWARD, attempt=rfp.attempt,
                            at=award.awarded_at, error=award.error, closed_by=award.closed_by)
-    return True
+    return award
 
 
 def send_execution(app: Celery, rfp: Announcement, node: str) -> None:

@@ -23,7 +23,7 @@ from celery.app.utils import find_app
 from bidding.config import Settings, load_settings
 from bidding.errors import BiddingError
 from bidding.node import PROFILE_ENV
-from bidding.profile import bid_queue, exec_queue, load_profile
+from bidding.profile import exec_queue, load_profile
 
 
 def _load_app(name: str) -> Celery:
@@ -78,8 +78,9 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
            concurrency: int | None) -> None:
     """Start a Celery worker for the node described by PROFILE (a TOML file).
 
-    It consumes bids.<node>, exec.<node> and the control queue, sends events (-E) and
-    heartbeats into the store. Extra arguments are passed to `celery worker`.
+    Its pool runs the tasks awarded to the node (exec.<node>); its main process answers bid
+    requests (bids.<node>), closes expired auctions, and heartbeats into the store. Events are
+    on (-E) for Flower. Extra arguments are passed to `celery worker`.
     """
     try:
         node = load_profile(profile)
@@ -93,11 +94,10 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
     from bidding.settings import get_settings
     from bidding.store import upgrade
 
-    settings = get_settings(app)
-    upgrade(settings.database_url)
+    upgrade(get_settings(app).database_url)
     argv = [
         "worker",
-        "-Q", ",".join([bid_queue(node.name), exec_queue(node.name), settings.control_queue]),
+        "-Q", exec_queue(node.name),
         "-n", f"{node.name}@%h",
         "-E",
         "--prefetch-multiplier=1",

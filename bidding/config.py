@@ -47,8 +47,11 @@ class Settings(BaseModel):
     heartbeat_ttl: float = Field(10.0, gt=0)
     #: Seconds a producer caches the list of live nodes.
     live_cache_seconds: float = Field(1.0, ge=0)
-    #: Queue of control tasks (deadline closers); every node worker consumes it by default.
-    control_queue: str = "bidding.control"
+    #: Threads per node worker that answer bid requests (in the main process, never queued
+    #: behind executions).
+    bid_threads: int = Field(4, ge=1, le=256)
+    #: Seconds between a node worker's sweeps for auctions past their window.
+    sweep_interval: float = Field(0.2, gt=0, le=60)
     #: Number of a node's latest episodes of a task type that make its experience score.
     experience_window: int = Field(10, ge=1)
     #: Failures within this many seconds count as "recent" for the x0.8 penalty.

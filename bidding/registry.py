@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
 
 from bidding.config import Settings
+from bidding.periodic import Periodic
 from bidding.profile import NodeProfile
 from bidding.store import read_session, write_session
 from bidding.store.schema import Node
@@ -109,34 +109,28 @@ def invalidate_cache() -> None:
 
 
 class Heartbeat:
-    """A daemon thread that keeps one node's row fresh until stopped."""
+    """Keeps one node's row fresh while started; restartable.
+
+    A worker's consumer restarts after a lost broker connection, and the node must not look
+    alive while it cannot receive bid requests.
+    """
 
     def __init__(self, settings: Settings, profile: NodeProfile) -> None:
         self.settings = settings
         self.profile = profile
         self.started_at = time.time()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._run, name=f"bidding-heartbeat-{profile.name}", daemon=True
-        )
+        self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
+                              lambda: heartbeat(settings, profile))
 
     def start(self) -> None:
-        """Beat once now (so the node is a candidate before the first task), then periodically."""
+        """Beat once now (the node is a candidate from this moment), then periodically."""
         heartbeat(self.settings, self.profile, started_at=self.started_at)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop beating and mark the node offline."""
-        self._stop.set()
-        self._thread.join(timeout=self.settings.heartbeat_interval + 5)
+        self._loop.stop()
         try:
             mark_offline(self.settings, self.profile.name)
         except Exception:  # shutting down: the TTL will expire the node anyway
             logger.exception("could not mark node %s offline", self.profile.name)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.settings.heartbeat_interval):
-            try:
-                heartbeat(self.settings, self.profile)
-            except Exception:  # a store hiccup must not kill the heartbeat for good
-                logger.exception("heartbeat of node %s failed", self.profile.name)

@@ -80,9 +80,22 @@ def _skills_of(bid: Bid, capabilities: Mapping[str, NodeCapability]) -> list[str
     return list(cap.skills) if cap is not None else list(bid.skills)
 
 
+def break_tie(tied: Sequence[Bid], rng: random.Random) -> Bid:
+    """Among equally scored bids, the least busy node (in-flight / capacity), then at random.
+
+    Concurrent auctions over equal idle nodes would otherwise pile onto one node by chance;
+    the award refreshes each bid's in-flight count first, so this is the in-flight reservation.
+    """
+    if len(tied) == 1:
+        return tied[0]
+    busy = {b.node: b.in_flight / b.capacity for b in tied}
+    least = min(busy.values())
+    return rng.choice([b for b in tied if busy[b.node] <= least + TIE_EPSILON])
+
+
 @dataclass
 class _Scored:
-    """Shared ranking for the built-ins: highest score wins, ties broken by ``rng``."""
+    """Shared ranking for the built-ins: highest score wins; see ``break_tie`` for ties."""
 
     name: ClassVar[str] = ""
     #: Keyword-only, so ``WeightedScore(0.2, 0.8)`` sets the weights as in seed 003.
@@ -110,14 +123,14 @@ class _Scored:
         rfp: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> Bid | None:
-        """The highest-scoring bid; among equal scores, one at random."""
+        """The highest-scoring bid; among equal scores the least busy, then one at random."""
         if not bids:
             return None
         scores = self.score_all(bids, rfp, capabilities)
         scored = [(s.total, b) for s, b in zip(scores, bids, strict=True)]
         best = max(total for total, _ in scored)
         tied = [b for total, b in scored if best - total <= TIE_EPSILON]
-        return tied[0] if len(tied) == 1 else self.rng.choice(tied)
+        return break_tie(tied, self.rng)
 
 
 @dataclass

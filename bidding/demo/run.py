@@ -81,10 +81,11 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
                     for b in sorted(bids, key=lambda b: -(b.score or 0))
                 )
                 latency = (m.detail or {}).get("latency_ms")
+                took = f" in {latency:.1f} ms" if latency is not None else ""
                 if m.kind == "AWARDED":
                     print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
-                          f"-> {m.node} ({(m.detail or {}).get('score') or 0:.2f}) "
-                          f"in {latency:.1f} ms" if latency is not None else "", flush=True)
+                          f"-> {m.node} ({(m.detail or {}).get('score') or 0:.2f}){took}",
+                          flush=True)
                 else:
                     print(f"  {label:<15} NO AWARD: {(m.detail or {}).get('error')}", flush=True)
         stop.wait(0.1)

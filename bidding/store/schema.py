@@ -62,6 +62,8 @@ class Announcement(Base):
     expected_bids: Mapped[int] = mapped_column(Integer, default=0)
     bids_received: Mapped[int] = mapped_column(Integer, default=0)
     announced_at: Mapped[float] = mapped_column(Float, index=True)
+    #: When the bidding window ends; the sweepers close open auctions past it.
+    closes_at: Mapped[float] = mapped_column(Float)
     awarded_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -73,7 +75,10 @@ class Announcement(Base):
     closed_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
 
-    __table_args__ = (Index("ix_bidding_announcements_node_state", "assigned_node", "state"),)
+    __table_args__ = (
+        Index("ix_bidding_announcements_node_state", "assigned_node", "state"),
+        Index("ix_bidding_announcements_state_closes", "state", "closes_at"),
+    )
 
 
 class BidRow(Base):

@@ -23,7 +23,8 @@ def test_defaults_without_conf_or_environment():
     assert settings.min_trust == 50.0
     assert settings.candidate_cap == 16
     assert settings.database_url == "sqlite:///bidding.db"
-    assert settings.control_queue == "bidding.control"
+    assert settings.bid_threads == 4
+    assert settings.sweep_interval == 0.2
     assert settings.experience_window == 10
     assert settings.profile is None
     assert settings == Settings()

@@ -716,3 +716,21 @@ def test_register_strategy_adds_a_name(monkeypatch):
     # and the name is listed among the valid ones
     with pytest.raises(UnknownStrategyError, match="cost_aware"):
         resolve_strategy("nope")
+
+
+def test_ties_go_to_the_least_busy_node_before_chance():
+    # given three equal bids, one node with 2 of 4 slots busy, another with 1 of 4
+    from bidding.strategies import break_tie
+
+    bids = [
+        make_bid("busy", in_flight=2, capacity=4),
+        make_bid("half", in_flight=1, capacity=4),
+        make_bid("idle-a", in_flight=0, capacity=4),
+        make_bid("idle-b", in_flight=0, capacity=8),
+    ]
+    # when the tie is broken many times
+    winners = {break_tie(bids, random.Random(seed)).node for seed in range(200)}
+    # then only the idle nodes ever win, and both of them do
+    assert winners == {"idle-a", "idle-b"}
+    # and through a strategy, equal scores resolve the same way
+    assert HighestConfidence(rng=random.Random(1)).select(bids[:2], make_rfp(), {}).node == "half"

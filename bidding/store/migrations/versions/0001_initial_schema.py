@@ -36,6 +36,7 @@ def upgrade() -> None:
     sa.Column('expected_bids', sa.Integer(), nullable=False),
     sa.Column('bids_received', sa.Integer(), nullable=False),
     sa.Column('announced_at', sa.Float(), nullable=False),
+    sa.Column('closes_at', sa.Float(), nullable=False),
     sa.Column('awarded_at', sa.Float(), nullable=True),
     sa.Column('started_at', sa.Float(), nullable=True),
     sa.Column('finished_at', sa.Float(), nullable=True),
@@ -49,6 +50,7 @@ def upgrade() -> None:
     )
     op.create_index(op.f('ix_bidding_announcements_announced_at'), 'bidding_announcements', ['announced_at'], unique=False)
     op.create_index('ix_bidding_announcements_node_state', 'bidding_announcements', ['assigned_node', 'state'], unique=False)
+    op.create_index('ix_bidding_announcements_state_closes', 'bidding_announcements', ['state', 'closes_at'], unique=False)
     op.create_index(op.f('ix_bidding_announcements_task_type'), 'bidding_announcements', ['task_type'], unique=False)
     op.create_table('bidding_episodes',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
@@ -133,6 +135,7 @@ def downgrade() -> None:
     op.drop_index('ix_bidding_episodes_node_type', table_name='bidding_episodes')
     op.drop_table('bidding_episodes')
     op.drop_index(op.f('ix_bidding_announcements_task_type'), table_name='bidding_announcements')
+    op.drop_index('ix_bidding_announcements_state_closes', table_name='bidding_announcements')
     op.drop_index('ix_bidding_announcements_node_state', table_name='bidding_announcements')
     op.drop_index(op.f('ix_bidding_announcements_announced_at'), table_name='bidding_announcements')
     op.drop_table('bidding_announcements')

