@@ -12,13 +12,14 @@ from celery import Celery
 import bidding
 
 BROKER = os.environ.get("BIDDING_IT_BROKER", "redis://127.0.0.1:6379/11")
+BACKEND = os.environ.get("BIDDING_IT_BACKEND", BROKER)
 #: Where task bodies count their executions (a separate Redis db from the broker's).
 COUNTERS = os.environ.get("BIDDING_IT_COUNTERS", "redis://127.0.0.1:6379/12")
 
 app = Celery("bidding_it")
 app.conf.update(
     broker_url=BROKER,
-    result_backend=BROKER,
+    result_backend=BACKEND,
     task_serializer="json",
     result_serializer="json",
     accept_content=["json"],

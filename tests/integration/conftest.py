@@ -10,6 +10,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,32 +111,42 @@ class Cluster:
         invalidate_cache()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def cluster(request: pytest.FixtureRequest, redis_broker: str,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
-    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
-    if request.param == "sqlite":
-        databases: Iterator[str] = iter([f"sqlite:///{directory}/store.db"])
-        cleanup = None
-    else:
-        cleanup = _postgres_database()
-        databases = cleanup
-    url = next(databases)
-    previous = os.environ.get("BIDDING_DATABASE_URL")
-    os.environ["BIDDING_DATABASE_URL"] = url
+def _repoint(app: Celery, broker: str, backend: str) -> None:
+    """Point the test process's app at another broker and backend.
+
+    Celery caches the connection pool, the producer pool and the result backend on the app;
+    these private attributes are what Celery itself resets after a fork (App._after_fork).
+    """
+    app.conf.broker_url = broker
+    app.conf.result_backend = backend
+    # Drop, never close: app.pool is kombu's global pool for that URL, shared by later users.
+    app._pool = None
+    if "amqp" in app.__dict__:
+        app.amqp._producer_pool = None
+    app._backend_cache = None
+    app._local.__dict__.pop("backend", None)
+
+
+@contextmanager
+def running_cluster(database_url: str, directory: Path, backend: str,
+                    broker: str = BROKER, result_backend: str | None = None) -> Iterator[Cluster]:
+    """Start the three nodes against ``broker`` and the store at ``database_url``."""
     from tests.integration.app import app
 
+    previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL",)}
+    os.environ["BIDDING_DATABASE_URL"] = database_url
+    saved_conf = (app.conf.broker_url, app.conf.result_backend)
+    _repoint(app, broker, result_backend or broker)
     reset_settings(app)
     forget_schema_checks()
     invalidate_cache()
     settings = get_settings(app)
-    upgrade(url)
+    upgrade(database_url)
     federation = Federation(
         app="tests.integration.app",
-        env={"BIDDING_DATABASE_URL": url, "BIDDING_IT_BROKER": BROKER,
-             "BIDDING_IT_COUNTERS": COUNTERS, "BIDDING_HEARTBEAT_INTERVAL": "1",
-             "PYTHONPATH": str(ROOT)},
+        env={"BIDDING_DATABASE_URL": database_url, "BIDDING_IT_BROKER": broker,
+             "BIDDING_IT_BACKEND": result_backend or broker, "BIDDING_IT_COUNTERS": COUNTERS,
+             "BIDDING_HEARTBEAT_INTERVAL": "1", "PYTHONPATH": str(ROOT)},
         log_dir=directory / "logs",
         concurrency=2,
         cwd=ROOT,
@@ -144,20 +155,38 @@ def cluster(request: pytest.FixtureRequest, redis_broker: str,
         federation.start(write_profile(directory, n, s) for n, s in NODES.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
-                      counters=redis.Redis.from_url(COUNTERS), backend=request.param)
+                      counters=redis.Redis.from_url(COUNTERS), backend=backend)
     finally:
         federation.stop()
-        if previous is None:
-            os.environ.pop("BIDDING_DATABASE_URL", None)
-        else:
-            os.environ["BIDDING_DATABASE_URL"] = previous
+        for key, value in previous.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        _repoint(app, *saved_conf)
         reset_settings(app)
         invalidate_cache()
-        if cleanup is not None:
-            for _ in cleanup:  # runs the database's teardown
-                pass
         dispose_all()
         forget_schema_checks()
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, redis_broker: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
+    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    if request.param == "sqlite":
+        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite") as c:
+            yield c
+        return
+    databases = _postgres_database()
+    url = next(databases)
+    try:
+        with running_cluster(url, directory, "postgresql") as c:
+            yield c
+    finally:
+        for _ in databases:  # runs the database's teardown
+            pass
 
 
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> bool:
