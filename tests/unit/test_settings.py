@@ -1,0 +1,60 @@
+"""An app's bidding settings: JSON only, conf and environment, cached per app."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+
+from bidding.errors import ConfigurationError
+from bidding.settings import check_json_only, get_settings, reset_settings
+
+
+def make_app(**conf: object) -> Celery:
+    app = Celery("t", set_as_current=False)
+    app.conf.update(broker_url="memory://", **conf)
+    return app
+
+
+def test_default_celery_serialization_is_accepted() -> None:
+    # given an app with Celery's defaults (JSON), then nothing is refused
+    check_json_only(make_app())
+
+
+@pytest.mark.parametrize(
+    ("conf", "field"),
+    [
+        ({"task_serializer": "pickle"}, "task_serializer"),
+        ({"result_serializer": "pickle"}, "result_serializer"),
+        ({"accept_content": ["json", "pickle"]}, "accept_content"),
+        ({"result_accept_content": ["application/x-python-serialize"]}, "result_accept_content"),
+    ],
+)
+def test_an_app_configured_for_pickle_is_refused(conf: dict[str, object], field: str) -> None:
+    # given an app that would send or accept pickle
+    app = make_app(**conf)
+    # when its bidding settings are first read, then it is refused naming the setting
+    with pytest.raises(ConfigurationError, match=field):
+        get_settings(app)
+
+
+def test_settings_come_from_conf_and_are_cached_until_reset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given an app with a window in its conf and no environment override
+    monkeypatch.delenv("BIDDING_WINDOW", raising=False)
+    app = make_app(bidding_window=0.75)
+    # when the settings are read twice, then the same object comes back
+    first = get_settings(app)
+    assert first.window == 0.75
+    assert get_settings(app) is first
+    # and after a conf change they are re-read only once reset
+    app.conf.bidding_window = 1.5
+    assert get_settings(app).window == 0.75
+    reset_settings(app)
+    assert get_settings(app).window == 1.5
+
+
+def test_a_misspelt_setting_is_refused_with_the_valid_names() -> None:
+    # given a typo in a bidding setting, then the first use names it and lists the valid ones
+    with pytest.raises(ConfigurationError, match=r"bidding_windwo.*bidding_window"):
+        get_settings(make_app(bidding_windwo=1.0))
