@@ -34,6 +34,14 @@ OPTION_KEYS: tuple[str, ...] = (
 )
 
 
+def skill_names(value: list[str], what: str) -> list[str]:
+    """Skill names stripped and deduplicated in order; an empty name is an error."""
+    cleaned = [s.strip() for s in value]
+    if any(not s for s in cleaned):
+        raise ValueError(f"{what} must be non-empty strings")
+    return list(dict.fromkeys(cleaned))
+
+
 class Announcement(BaseModel):
     """One task put up for bidding (the RFP of seed 001, the announcement of seed 000)."""
 
@@ -68,10 +76,7 @@ class Announcement(BaseModel):
     @field_validator("required_skills")
     @classmethod
     def _skills_are_names(cls, value: list[str]) -> list[str]:
-        cleaned = [s.strip() for s in value]
-        if any(not s for s in cleaned):
-            raise ValueError("skills must be non-empty strings")
-        return list(dict.fromkeys(cleaned))
+        return skill_names(value, "skills")
 
 
 class Bid(BaseModel):

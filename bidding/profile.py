@@ -18,7 +18,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ProfileError
-from bidding.models import describe_validation
+from bidding.models import describe_validation, skill_names
 
 #: Node names become queue names (bids.<name>, exec.<name>) and Celery node names (<name>@host).
 NODE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
@@ -40,10 +40,7 @@ class NodeProfile(BaseModel):
     @field_validator("capabilities")
     @classmethod
     def _distinct_names(cls, value: list[str]) -> list[str]:
-        cleaned = [c.strip() for c in value]
-        if any(not c for c in cleaned):
-            raise ValueError("capabilities must be non-empty strings")
-        return list(dict.fromkeys(cleaned))
+        return skill_names(value, "capabilities")
 
     @property
     def bid_queue(self) -> str:
