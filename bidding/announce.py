@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,17 +19,20 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.result import AsyncResult
 from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
 from bidding.award import close_auction
 from bidding.config import Settings
 from bidding.consumer import request_body, request_queue
-from bidding.errors import ConfigurationError
+from bidding.errors import ConfigurationError, EscalatedError, NoBidsError
 from bidding.models import OPTION_KEYS, Announcement, describe_validation
 from bidding.registry import LiveNode, live_nodes
-from bidding.store import ensure_schema, write_session
+from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.strategies import resolve_strategy, strategy_name
+from bidding.transition import transition
 
 if TYPE_CHECKING:
     from celery import Task
@@ -121,9 +125,14 @@ def prior_score(rfp: Announcement, node: LiveNode) -> float:
 def select_candidates(
     rfp: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None
 ) -> list[str]:
-    """Live nodes that could bid (filter), capped at ``rfp.candidate_cap`` (best half + random)."""
+    """Live nodes that could bid (filter), capped at ``rfp.candidate_cap`` (best half + random).
+
+    Nodes in ``rfp.exclude_nodes`` (they failed this task or went offline with it) are left out.
+    """
     required = set(rfp.required_skills)
-    eligible = [n for n in live if not required or required & set(n.capabilities)]
+    excluded = set(rfp.exclude_nodes)
+    eligible = [n for n in live if n.name not in excluded
+                and (not required or required & set(n.capabilities))]
     cap = rfp.candidate_cap
     if cap == 0 or len(eligible) <= cap:
         return [n.name for n in eligible]
@@ -139,10 +148,12 @@ def announce(
     settings: Settings,
     rfp: Announcement,
     *,
+    delay: float = 0.0,
     link: Any = None,
     link_error: Any = None,
 ) -> AsyncResult:
-    """Record ``rfp``, ask the candidates to bid, and return the execution's AsyncResult."""
+    """Record ``rfp``, ask the candidates to bid (now, or after ``delay`` seconds), and return
+    the AsyncResult of its execution."""
     if link is not None or link_error is not None:
         raise ConfigurationError(
             "link/link_error: callbacks on a bidding task are not supported yet; "
@@ -150,37 +161,135 @@ def announce(
         )
     if settings.auto_migrate:
         ensure_schema(settings.database_url)
-    candidates = select_candidates(rfp, live_nodes(settings))
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=rfp.task_id,
-                task_name=rfp.task_name,
-                task_type=rfp.task_type,
-                content=rfp.content,
-                required_skills=rfp.required_skills,
-                preferred_node=rfp.preferred_node,
-                priority=rfp.priority,
-                deadline=rfp.deadline,
-                budget=rfp.budget,
-                strategy=rfp.strategy,
-                spec=rfp.model_dump(mode="json"),
-                state=lifecycle.BIDDING,
-                attempt=rfp.attempt,
-                candidates=candidates,
-                expected_bids=len(candidates),
-                announced_at=rfp.announced_at,
-                closes_at=rfp.announced_at + rfp.window,
-            )
-        )
-        journal.record(session, rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt,
-                       at=rfp.announced_at, task_type=rfp.task_type, candidates=candidates,
-                       required_skills=rfp.required_skills)
-    if not candidates:
-        close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
+    if delay > 0:
+        with write_session(settings.database_url) as session:
+            session.add(_row(rfp, lifecycle.PENDING, [], due_at=rfp.announced_at + delay))
+            journal.record(session, rfp.task_id, journal.SCHEDULED, attempt=rfp.attempt,
+                           at=rfp.announced_at, task_type=rfp.task_type, delay_s=delay)
     else:
-        request_bids(app, rfp, candidates)
+        open_auction(app, settings, rfp, new=True)
     return AsyncResult(rfp.task_id, app=app)
+
+
+def _row(rfp: Announcement, state: str, candidates: list[str], *,
+         due_at: float | None = None) -> AnnouncementRow:
+    return AnnouncementRow(
+        task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
+        content=rfp.content, required_skills=rfp.required_skills,
+        preferred_node=rfp.preferred_node, priority=rfp.priority, deadline=rfp.deadline,
+        budget=rfp.budget, strategy=rfp.strategy, spec=rfp.model_dump(mode="json"), state=state,
+        attempt=rfp.attempt, candidates=candidates, expected_bids=len(candidates),
+        announced_at=rfp.announced_at, closes_at=rfp.announced_at + rfp.window, due_at=due_at,
+    )
+
+
+def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: bool) -> bool:
+    """Start the auction of ``rfp`` (a new task, or a due retry, deferral or scheduled start).
+
+    With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
+    once with the no-bid outcome. False when a due task was already taken by another sweeper.
+    """
+    candidates = select_candidates(rfp, live_nodes(settings))
+    defer = (not candidates and rfp.fallbacks.on_capability_unavailable == "defer"
+             and (rfp.deadline is None or rfp.deadline > time.time()))
+    with write_session(settings.database_url) as session:
+        if defer:
+            if not _defer(session, app, settings, rfp, new=new):
+                return False
+        elif new:
+            session.add(_row(rfp, lifecycle.BIDDING, candidates))
+            journal.record(session, rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt,
+                           at=rfp.announced_at, task_type=rfp.task_type, candidates=candidates,
+                           required_skills=rfp.required_skills)
+        elif not transition(
+            session, rfp.task_id, lifecycle.BIDDING, kind=journal.ANNOUNCED,
+            from_states=lifecycle.DUE_STATES, expect_attempt=rfp.attempt,
+            detail={"task_type": rfp.task_type, "candidates": candidates},
+            spec=rfp.model_dump(mode="json"), candidates=candidates,
+            expected_bids=len(candidates), bids_received=0, due_at=None,
+            closes_at=rfp.announced_at + rfp.window, assigned_node=None, awarded_at=None,
+        ):
+            return False
+    if defer:
+        return True
+    if candidates:
+        request_bids(app, rfp, candidates)
+    else:
+        close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
+    return True
+
+
+def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement, *,
+           new: bool) -> bool:
+    """No live node can do ``rfp``: announce it again later, or escalate after too many tries."""
+    fb = rfp.fallbacks
+    now = time.time()
+    if rfp.deferrals >= fb.max_deferrals:
+        reason = (f"deferred {rfp.deferrals} times: no live node offers "
+                  f"{', '.join(rfp.required_skills) or 'any skill'}")
+        if new:  # pragma: no cover - max_deferrals >= 1, so a new task always defers first
+            session.add(_row(rfp, lifecycle.DEFERRED, []))
+        if not transition(session, rfp.task_id, lifecycle.ESCALATED, kind=journal.ESCALATED,
+                          from_states=(lifecycle.DEFERRED,), detail={"reason": reason},
+                          error=reason, finished_at=now, due_at=None):
+            return False
+        escalate(app, settings, rfp.task_id, reason)
+        return True
+    later = rfp.model_copy(update={"deferrals": rfp.deferrals + 1})
+    due = now + fb.defer_seconds
+    detail: dict[str, Any] = {
+        "reason": "no live node offers " + (", ".join(rfp.required_skills) or "any skill"),
+        "retry_in_s": fb.defer_seconds, "deferrals": later.deferrals}
+    if new:
+        session.add(_row(later, lifecycle.DEFERRED, [], due_at=due))
+        journal.record(session, rfp.task_id, journal.DEFERRED, attempt=rfp.attempt, at=now,
+                       **detail)
+        return True
+    return transition(session, rfp.task_id, lifecycle.DEFERRED, kind=journal.DEFERRED,
+                      from_states=lifecycle.DUE_STATES, expect_attempt=rfp.attempt, detail=detail,
+                      spec=later.model_dump(mode="json"), due_at=due)
+
+
+def escalate(app: Celery, settings: Settings, task_id: str, reason: str) -> None:
+    """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
+    from bidding.signals import notify, task_escalated
+
+    app.backend.mark_as_failure(task_id, EscalatedError(reason))
+    notify(settings, task_escalated, "task_escalated", task_id=task_id, reason=reason)
+
+
+def announce_due(settings: Settings, app: Celery, now: float | None = None,
+                 limit: int = 100) -> int:
+    """Announce every task whose scheduled start, retry backoff or deferral has come."""
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        due = session.execute(
+            select(AnnouncementRow.spec)
+            .where(AnnouncementRow.state.in_(lifecycle.DUE_STATES),
+                   AnnouncementRow.due_at <= now)
+            .order_by(AnnouncementRow.due_at)
+            .limit(limit)
+        ).scalars().all()
+    opened = 0
+    for spec in due:
+        rfp = Announcement.model_validate(spec).model_copy(update={"announced_at": now})
+        if rfp.deadline is not None and now > rfp.deadline:
+            _expire(settings, app, rfp)
+        elif open_auction(app, settings, rfp, new=False):
+            opened += 1
+    return opened
+
+
+def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
+    """A waiting task whose deadline passed is never started: FAILED."""
+    reason = "deadline passed before the task could start"
+    with write_session(settings.database_url) as session:
+        moved = transition(session, rfp.task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
+                           from_states=lifecycle.DUE_STATES, expect_attempt=rfp.attempt,
+                           detail={"error": reason}, error=reason, finished_at=time.time(),
+                           due_at=None)
+    if moved:
+        app.backend.mark_as_failure(rfp.task_id, NoBidsError(reason))
 
 
 def request_bids(app: Celery, rfp: Announcement, candidates: Sequence[str]) -> None:

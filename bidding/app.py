@@ -14,7 +14,6 @@ import click
 from celery import Celery, bootsteps
 from celery.signals import worker_process_init
 
-from bidding.award import close_expired
 from bidding.consumer import BidConsumerStep
 from bidding.node import PROFILE_ENV, current_profile
 from bidding.periodic import Periodic
@@ -23,6 +22,7 @@ from bidding.registry import Heartbeat
 from bidding.settings import get_settings
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
+from bidding.sweeper import sweep
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,9 @@ class _NodeLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is
 
 
 class SweeperStep(_NodeLoopStep):
-    """Close auctions past their window with the bids that arrived (the deadline closer).
+    """Run ``bidding.sweeper.sweep``: close expired auctions, announce due tasks, watch winners.
 
-    Every node worker sweeps; the award's compare-and-set makes concurrent sweeps harmless.
+    Every node worker sweeps; the transitions' compare-and-set makes concurrent sweeps harmless.
     """
 
     label = "bidding sweeper"
@@ -101,7 +101,7 @@ class SweeperStep(_NodeLoopStep):
         super().__init__(consumer, **kwargs)
         app = consumer.app
         self.loop = Periodic("bidding-sweeper", self.settings.sweep_interval,
-                             lambda: close_expired(self.settings, app), jitter=0.25)
+                             lambda: sweep(self.settings, app), jitter=0.25)
 
     def start(self, consumer: Any) -> None:
         """Start sweeping."""

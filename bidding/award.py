@@ -13,10 +13,10 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
 from celery import Celery
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
@@ -36,6 +36,7 @@ from bidding.strategies import (
     run_select,
     strategy_name,
 )
+from bidding.transition import transition
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,10 @@ def ineligibility(bid: Bid, rfp: Announcement) -> str | None:
         return f"confidence {bid.confidence:.2f} below min_confidence {rfp.min_confidence:.2f}"
     if bid.trust < rfp.min_trust:
         return f"trust {bid.trust:.1f} below min_trust {rfp.min_trust:.1f}"
-    if rfp.budget is not None and bid.cost > rfp.budget:
-        return f"cost {bid.cost:.4f} exceeds budget {rfp.budget:.4f}"
+    if rfp.budget is not None and bid.cost > rfp.budget - rfp.spent:
+        left = rfp.budget - rfp.spent
+        spent = f" ({rfp.spent:.4f} already spent)" if rfp.spent else ""
+        return f"cost {bid.cost:.4f} exceeds remaining budget {left:.4f}{spent}"
     return None
 
 
@@ -257,7 +260,7 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         return None
     award = result
     if award.winner is not None:
-        send_execution(app, rfp, award.winner)
+        send_execution(app, rfp, award.winner, settings)
     else:
         app.backend.mark_as_failure(task_id, NoBidsError(award.error or NO_VALID_BIDS))
     logger.info("auction %s closed by %s: %s %s", task_id, closed_by, award.outcome,
@@ -318,18 +321,24 @@ def _commit_award(
         target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
         by_node = {s.node: s for s in award.scores}
         winner_score = by_node[award.winner].total if award.winner in by_node else None
-        won = cast(CursorResult[Any], session.execute(
-            update(AnnouncementRow)
-            .where(AnnouncementRow.task_id == rfp.task_id,
-                   AnnouncementRow.attempt == rfp.attempt,
-                   AnnouncementRow.state == lifecycle.BIDDING)
-            .values(state=target, assigned_node=award.winner, awarded_at=award.awarded_at,
-                    winning_score=winner_score, outcome=award.outcome,
-                    closed_by=award.closed_by, error=award.error,
-                    finished_at=None if award.winner else award.awarded_at)
-        )).rowcount
-        if won != 1:
-            return _Commit.LOST  # nothing was written; the locks go with the transaction
+        if award.winner is not None:
+            kind = journal.AWARDED
+            detail = {"outcome": award.outcome, "strategy": award.strategy,
+                      "score": winner_score, "closed_by": award.closed_by,
+                      "latency_ms": round((award.awarded_at - rfp.announced_at) * 1000, 3)}
+        else:
+            kind = journal.NO_AWARD
+            detail = {"error": award.error, "closed_by": award.closed_by}
+        if not transition(
+            session, rfp.task_id, target, kind=kind, from_states=(lifecycle.BIDDING,),
+            expect_attempt=rfp.attempt, message_node=award.winner, at=award.awarded_at,
+            detail=detail,
+            assigned_node=award.winner, awarded_at=award.awarded_at,
+            winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
+            error=award.error, finished_at=None if award.winner else award.awarded_at,
+            due_at=start_by(settings, rfp, award.awarded_at) if award.winner else None,
+        ):
+            return _Commit.LOST
         winning_bid_id = None
         for row in session.scalars(select(BidRow).where(
                 BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
@@ -345,24 +354,30 @@ def _commit_award(
             session.execute(update(AnnouncementRow)
                             .where(AnnouncementRow.task_id == rfp.task_id)
                             .values(winning_bid_id=winning_bid_id))
-        if award.winner is not None:
-            journal.record(session, rfp.task_id, journal.AWARDED, node=award.winner,
-                           attempt=rfp.attempt, at=award.awarded_at, outcome=award.outcome,
-                           strategy=award.strategy, score=winner_score,
-                           closed_by=award.closed_by,
-                           latency_ms=round((award.awarded_at - rfp.announced_at) * 1000, 3))
-        else:
-            journal.record(session, rfp.task_id, journal.NO_AWARD, attempt=rfp.attempt,
-                           at=award.awarded_at, error=award.error, closed_by=award.closed_by)
     return award
 
 
-def send_execution(app: Celery, rfp: Announcement, node: str) -> None:
-    """Send the task itself to ``exec.<node>`` under the id ``.delay()`` returned."""
+def start_by(settings: Settings, rfp: Announcement, awarded_at: float) -> float | None:
+    """When the winner must have started the task (schedule-to-start), or None for no limit."""
+    limit = rfp.schedule_to_start_timeout or settings.schedule_to_start_timeout
+    return awarded_at + limit if limit else None
+
+
+def send_execution(app: Celery, rfp: Announcement, node: str,
+                   settings: Settings | None = None) -> None:
+    """Send the task itself to ``exec.<node>`` under the id ``.delay()`` returned.
+
+    ``timeout_seconds`` becomes the soft time limit (the body sees SoftTimeLimitExceeded and the
+    timeout fallback applies), with a hard limit ``bidding_hard_timeout_grace`` seconds later.
+    """
     options: dict[str, Any] = {}
     if rfp.deadline is not None:
         # Celery revokes a message received after ``expires``: a late task is never started.
         options["expires"] = rfp.deadline
+    if rfp.timeout_seconds:
+        grace = settings.hard_timeout_grace if settings is not None else 5.0
+        options["soft_time_limit"] = rfp.timeout_seconds
+        options["time_limit"] = rfp.timeout_seconds + max(grace, 0.1)
     app.send_task(
         rfp.task_name,
         args=rfp.args,

@@ -56,6 +56,15 @@ class Settings(BaseModel):
     experience_window: int = Field(10, ge=1)
     #: Failures within this many seconds count as "recent" for the x0.8 penalty.
     recent_failure_seconds: float = Field(3600.0, gt=0)
+    #: Seconds an awarded task may wait to start before it goes to the next-best bidder
+    #: (0 = only when the winner's node stops heartbeating). Per task:
+    #: ``bidding={"schedule_to_start_timeout": ...}``.
+    schedule_to_start_timeout: float = Field(0.0, ge=0)
+    #: Seconds between a node's hard and soft time limit (timeout_seconds is the soft one).
+    hard_timeout_grace: float = Field(5.0, ge=0)
+    #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.
+    notify_url: str | None = None
+    notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
 

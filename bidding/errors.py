@@ -31,5 +31,21 @@ class NoBidsError(BiddingError):
     """
 
 
+class OutputValidationError(BiddingError):
+    """The task's result does not match its output schema (COMPLETED -> FAILED)."""
+
+
+class CostExceededError(BiddingError):
+    """The task spent more than its budget; it is failed and a notification sent."""
+
+
+class EscalatedError(BiddingError):
+    """The task needs a human: it was deferred too often or no node could take it."""
+
+
+class NodeLostError(BiddingError):
+    """The winning node went offline (or never started the task) and its fallback is to fail."""
+
+
 class UnknownTaskError(BiddingError, LookupError):
     """No announcement with this task id is in the store."""

@@ -1,24 +1,35 @@
-"""Bookkeeping of an attempt on the winning node: accepted, then completed or failed.
+"""An attempt on the winning node: accepted, then completed, retried or failed (AITP 5-7).
 
-Both ends are compare-and-sets on the announcement, so a redelivered or duplicated execution
-message is recognised: a task already finished is not run again.
+Every step is a transition (a compare-and-set on the task's state, attempt and node), so a
+redelivered or duplicated execution message is recognised and a task is never finished twice.
+``complete`` and ``fail`` write the attempt's ledger entry and episode in the same transaction
+as its state, and say what the worker must do next (a ``Verdict``).
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import time
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, cast
+from typing import Any
 
-from sqlalchemy import CursorResult, select, update
+import jsonschema
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle
 from bidding.config import Settings
-from bidding.store import write_session
+from bidding.errors import CostExceededError, OutputValidationError
+from bidding.models import Announcement
+from bidding.retry import compute_delay, is_retryable
+from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Episode
+from bidding.store.schema import Episode, LedgerEntry
+from bidding.transition import transition
 
 logger = logging.getLogger(__name__)
 
@@ -26,72 +37,279 @@ logger = logging.getLogger(__name__)
 class Start(Enum):
     """What ``begin`` found."""
 
-    #: First delivery: the task was ASSIGNED and is now EXECUTING.
+    #: First delivery: the task was ASSIGNED to this node and is now EXECUTING.
     FIRST = "first"
-    #: The task was already EXECUTING (its worker died with the message unacked): run again.
+    #: Already EXECUTING on this node (its pool process died with the message unacked): run again.
     REDELIVERED = "redelivered"
-    #: The task already finished: do not run it again.
+    #: Finished, or awarded elsewhere since: do not run it.
     DUPLICATE = "duplicate"
     #: The store has no such announcement (a store mismatch): run, but record nothing.
     UNKNOWN = "unknown"
 
 
-def begin(settings: Settings, task_id: str, attempt: int, node: str) -> Start:
-    """Move ``task_id`` to EXECUTING on ``node`` and log TASK_ACCEPTED, or say why not."""
+@dataclass
+class Running:
+    """An attempt in progress on this node."""
+
+    task_id: str
+    attempt: int
+    node: str
+    start: Start
+    rfp: Announcement | None
+    #: This node's price per unit (AITP 7.1: the node charges its own price).
+    price_per_unit: float = 0.0
+    #: Units the body reported with ``self.report_units``; default: the announced units.
+    units: float | None = None
+    began: float = 0.0
+
+
+@dataclass
+class Verdict:
+    """What the worker does after an attempt: nothing, retry after a delay, or raise an error."""
+
+    retry_in: float | None = None
+    error: BaseException | None = None
+
+
+def begin(settings: Settings, task_id: str, attempt: int, node: str,
+          price_per_unit: float = 0.0) -> Running:
+    """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run."""
     now = time.time()
     with write_session(settings.database_url) as session:
-        moved = cast(CursorResult[Any], session.execute(
-            update(AnnouncementRow)
-            .where(AnnouncementRow.task_id == task_id, AnnouncementRow.attempt == attempt,
-                   AnnouncementRow.state == lifecycle.ASSIGNED)
-            .values(state=lifecycle.EXECUTING, started_at=now)
-        )).rowcount
-        if moved == 1:
-            journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
-                           attempt=attempt, at=now)
-            return Start.FIRST
-        state = session.scalar(
-            select(AnnouncementRow.state).where(AnnouncementRow.task_id == task_id)
-        )
-        if state is None:
-            return Start.UNKNOWN
-        if state == lifecycle.EXECUTING:
-            journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
-                           attempt=attempt, at=now, redelivered=True)
-            return Start.REDELIVERED
-        journal.record(session, task_id, journal.ILLEGAL_TRANSITION, node=node,
-                       attempt=attempt, at=now, current=state, target=lifecycle.EXECUTING,
-                       note="duplicate execution message ignored")
-        return Start.DUPLICATE
+        moved = transition(session, task_id, lifecycle.EXECUTING, kind=journal.TASK_ACCEPTED,
+                           expect_attempt=attempt, expect_node=node, at=now, started_at=now,
+                           due_at=None)
+        row = session.get(AnnouncementRow, task_id)
+        if row is None:
+            return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
+        rfp = Announcement.model_validate(row.spec)
+        if moved:
+            start = Start.FIRST
+        elif (row.state == lifecycle.EXECUTING and row.assigned_node == node
+              and row.attempt == attempt):
+            journal.record(session, task_id, journal.TASK_ACCEPTED, node=node, attempt=attempt,
+                           at=now, redelivered=True)
+            start = Start.REDELIVERED
+        else:
+            start = Start.DUPLICATE
+    return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
 
 
-def finish(settings: Settings, task_id: str, attempt: int, node: str, *, success: bool,
-           duration_s: float, error: str | None = None) -> None:
-    """Record the attempt's outcome: the final state, its episode and TASK_COMPLETED/FAILED."""
-    now = time.time()
-    target = lifecycle.SUCCESS if success else lifecycle.FAILED
+def _charge(session: Session, run: Running, now: float) -> tuple[float, float]:
+    """Write this attempt's ledger entry; returns (its cost, the task's total spent)."""
+    assert run.rfp is not None
+    units = run.rfp.units if run.units is None else run.units
+    total = run.price_per_unit * units
     try:
-        with write_session(settings.database_url) as session:
-            row = session.get(AnnouncementRow, task_id)
-            if row is None:
-                return
-            cost = session.scalar(
-                select(BidRow.cost).where(BidRow.id == row.winning_bid_id)
-            ) if row.winning_bid_id is not None else None
-            session.execute(
-                update(AnnouncementRow)
-                .where(AnnouncementRow.task_id == task_id,
-                       AnnouncementRow.state.in_(lifecycle.sources(target)))
-                .values(state=target, finished_at=now, error=error)
+        with session.begin_nested():
+            session.add(LedgerEntry(task_id=run.task_id, attempt=run.attempt, node=run.node,
+                                    units=units, price_per_unit=run.price_per_unit,
+                                    total=total, at=now))
+    except IntegrityError:  # this attempt was charged already (a redelivered message)
+        pass
+    spent = session.scalar(select(func.coalesce(func.sum(LedgerEntry.total), 0.0))
+                           .where(LedgerEntry.task_id == run.task_id)) or 0.0
+    return total, float(spent)
+
+
+def _episode(session: Session, run: Running, *, success: bool, now: float,
+             cost: float, error: str | None) -> None:
+    assert run.rfp is not None
+    try:
+        with session.begin_nested():
+            session.add(Episode(task_id=run.task_id, attempt=run.attempt, node=run.node,
+                                task_type=run.rfp.task_type, skills=list(run.rfp.required_skills),
+                                success=success, duration_s=time.monotonic() - run.began,
+                                cost=cost, error=error, finished_at=now))
+    except IntegrityError:  # recorded by an earlier delivery of the same attempt
+        pass
+
+
+def complete(settings: Settings, run: Running, result: Any) -> Verdict:
+    """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so."""
+    if run.rfp is None:
+        return Verdict()
+    rfp = run.rfp
+    now = time.time()
+    over: tuple[float, float] | None = None
+    with write_session(settings.database_url) as session:
+        cost, spent = _charge(session, run, now)
+        invalid = _schema_error(rfp.output_schema, result)
+        ok = invalid is None
+        _episode(session, run, success=ok, now=now, cost=cost, error=invalid)
+        if not transition(session, run.task_id, lifecycle.COMPLETED,
+                          kind=journal.TASK_COMPLETED, expect_attempt=run.attempt,
+                          expect_node=run.node, at=now, detail={"cost": cost},
+                          finished_at=now):
+            return Verdict()
+        if rfp.budget is not None and spent > rfp.budget + 1e-9:
+            reason = f"spent {spent:.4f} of budget {rfp.budget:.4f}"
+            transition(session, run.task_id, lifecycle.FAILED, kind=journal.COST_EXCEEDED,
+                       expect_attempt=run.attempt, at=now, message_node=run.node,
+                       detail={"budget": rfp.budget, "spent": spent}, error=reason)
+            over = (rfp.budget, spent)
+            verdict = Verdict(error=CostExceededError(f"task {run.task_id}: {reason}"))
+        elif invalid is not None:
+            transition(session, run.task_id, lifecycle.FAILED, kind=journal.OUTPUT_INVALID,
+                       expect_attempt=run.attempt, at=now, message_node=run.node,
+                       detail={"error": invalid}, error=invalid)
+            verdict = Verdict(error=OutputValidationError(invalid))
+        else:
+            transition(session, run.task_id, lifecycle.SUCCESS, kind=journal.TASK_SUCCEEDED,
+                       expect_attempt=run.attempt, at=now, message_node=run.node)
+            verdict = Verdict()
+    if over is not None:
+        _notify_cost(settings, run, *over)
+    return verdict
+
+
+def _schema_error(schema: dict[str, Any] | None, result: Any) -> str | None:
+    if not schema:
+        return None
+    try:
+        jsonschema.validate(result, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"output does not match the task's output schema at {where}: {exc.message}"
+    return None
+
+
+def fail(settings: Settings, run: Running, exc: BaseException,
+         rng: random.Random | None = None) -> Verdict:
+    """The body raised: retry (a new auction after the backoff), extend the timeout, or FAILED."""
+    if run.rfp is None:
+        return Verdict()
+    rfp = run.rfp
+    now = time.time()
+    error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    over: tuple[float, float] | None = None
+    with write_session(settings.database_url) as session:
+        cost, spent = _charge(session, run, now)
+        _episode(session, run, success=False, now=now, cost=cost, error=error)
+        plan = plan_retry(rfp, run.node, exc, now, rng)
+        if rfp.budget is not None and spent > rfp.budget + 1e-9:
+            over = (rfp.budget, spent)
+            plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {rfp.budget:.4f}")
+        if plan.next is not None and plan.delay is not None:
+            journal.record(session, run.task_id, journal.TASK_FAILED, node=run.node,
+                           attempt=run.attempt, at=now, error=error, will_retry=True)
+            nxt = plan.next.model_copy(update={"spent": spent})
+            moved = transition(
+                session, run.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+                expect_attempt=run.attempt, expect_node=run.node, at=now,
+                detail={"error": error, "delay_s": round(plan.delay, 3), "why": plan.why,
+                        "next_attempt": nxt.attempt},
+                attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + plan.delay,
+                assigned_node=None, error=error,
             )
-            session.add(Episode(task_id=task_id, attempt=attempt, node=node,
-                                task_type=row.task_type, skills=list(row.required_skills),
-                                success=success, duration_s=duration_s, cost=cost or 0.0,
-                                error=error, finished_at=now))
-            journal.record(session, task_id,
-                           journal.TASK_COMPLETED if success else journal.TASK_FAILED,
-                           node=node, attempt=attempt, at=now,
-                           duration_ms=round(duration_s * 1000, 3), error=error)
-    except IntegrityError:
-        # The episode of this (task, attempt) exists: a duplicate run, already recorded.
-        logger.warning("attempt %s of %s already recorded; duplicate ignored", attempt, task_id)
+            return Verdict(retry_in=plan.delay) if moved else Verdict()
+        kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
+        transition(session, run.task_id, lifecycle.FAILED, kind=kind,
+                   expect_attempt=run.attempt, expect_node=run.node, at=now,
+                   detail={"error": error, "why": plan.why},
+                   error=f"{error} ({plan.why})" if plan.why else error, finished_at=now)
+    if over is not None:
+        _notify_cost(settings, run, *over)
+        return Verdict(error=CostExceededError(f"task {run.task_id}: {plan.why}"))
+    return Verdict()
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    """The next attempt of a failed task, when to announce it, and why (or why not)."""
+
+    next: Announcement | None
+    delay: float | None
+    why: str
+
+
+def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
+               rng: random.Random | None = None) -> RetryPlan:
+    """Decide what follows a failed attempt (pure): AITP 6.1 retries and 6.2 on_timeout."""
+    failures = rfp.failures + 1
+    exclude = list(rfp.exclude_nodes)
+    if not rfp.retry_same_node and node not in exclude:
+        exclude.append(node)
+    base = {"attempt": rfp.attempt + 1, "failures": failures, "exclude_nodes": exclude,
+            "announced_at": now}
+    if rfp.deadline is not None and now >= rfp.deadline:
+        return RetryPlan(None, None, "deadline passed")
+    if isinstance(exc, SoftTimeLimitExceeded):
+        fb = rfp.fallbacks
+        if fb.on_timeout == "fail":
+            return RetryPlan(None, None, "timed out (on_timeout=fail)")
+        if fb.on_timeout == "extend":
+            extended = fb.extended_timeout_seconds
+            if rfp.timeout_seconds is not None and rfp.timeout_seconds >= extended:
+                return RetryPlan(None, None, "timed out again with the extended timeout")
+            # A timeout is not the node's fault alone: any node may take the longer attempt.
+            nxt = rfp.model_copy(update={**base, "exclude_nodes": rfp.exclude_nodes,
+                                         "timeout_seconds": fb.extended_timeout_seconds})
+            return RetryPlan(nxt, 0.0, f"timed out; retrying with {fb.extended_timeout_seconds:g}s")
+    policy = rfp.retry_policy
+    if policy is None or policy.max_retries == 0:
+        return RetryPlan(None, None, "")
+    if not is_retryable(policy, exc):
+        return RetryPlan(None, None, f"{type(exc).__name__} is not retryable")
+    if failures > policy.max_retries:
+        return RetryPlan(None, None, f"no retries left ({policy.max_retries} used)")
+    delay = compute_delay(policy, failures, rng)
+    return RetryPlan(rfp.model_copy(update=base), delay,
+                     f"retry {failures} of {policy.max_retries}")
+
+
+def _notify_cost(settings: Settings, run: Running, budget: float, spent: float) -> None:
+    from bidding.signals import cost_exceeded, notify
+
+    notify(settings, cost_exceeded, "cost_exceeded", task_id=run.task_id, budget=budget,
+           spent=spent, node=run.node, attempt=run.attempt)
+
+
+def retry_requested(settings: Settings, run: Running, delay: float) -> bool:
+    """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds."""
+    if run.rfp is None:
+        return False
+    now = time.time()
+    rfp = run.rfp
+    exclude = list(rfp.exclude_nodes)
+    if not rfp.retry_same_node and run.node not in exclude:
+        exclude.append(run.node)
+    nxt = rfp.model_copy(update={"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
+                                 "exclude_nodes": exclude, "announced_at": now})
+    with write_session(settings.database_url) as session:
+        return transition(
+            session, run.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+            expect_attempt=run.attempt, expect_node=run.node, at=now,
+            detail={"delay_s": round(delay, 3), "why": "the task called self.retry()",
+                    "next_attempt": nxt.attempt},
+            attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + delay,
+            assigned_node=None,
+        )
+
+
+def report_progress(settings: Settings, run: Running, current: float, total: float,
+                    note: str) -> dict[str, Any]:
+    """Record a PROGRESS_UPDATE (AITP 5.3) and return the progress as stored."""
+    percent = round(100.0 * current / total, 1) if total else None
+    progress = {"current": current, "total": total, "percent": percent, "note": note,
+                "node": run.node, "attempt": run.attempt, "at": time.time()}
+    with write_session(settings.database_url) as session:
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == run.task_id,
+                   AnnouncementRow.attempt == run.attempt,
+                   AnnouncementRow.state == lifecycle.EXECUTING)
+            .values(progress=progress)
+        )
+        journal.record(session, run.task_id, journal.PROGRESS_UPDATE, node=run.node,
+                       attempt=run.attempt, current=current, total=total, percent=percent,
+                       note=note)
+    return progress
+
+
+def read_spec(settings: Settings, task_id: str) -> Announcement | None:
+    """The current announcement of ``task_id``, or None."""
+    with read_session(settings.database_url) as session:
+        spec = session.scalar(select(AnnouncementRow.spec)
+                              .where(AnnouncementRow.task_id == task_id))
+    return None if spec is None else Announcement.model_validate(spec)

@@ -31,7 +31,74 @@ OPTION_KEYS: tuple[str, ...] = (
     "content",
     "units",
     "candidate_cap",
+    "retry_policy",
+    "retry_same_node",
+    "fallbacks",
+    "timeout_seconds",
+    "schedule_to_start_timeout",
+    "output_schema",
 )
+
+
+Backoff = Literal["exponential", "linear", "fixed"]
+
+
+class RetryPolicy(BaseModel):
+    """How a failed attempt is retried (AITP 2.2 / 6.1), validated on construction.
+
+    ``RetryPolicy(max_retries=3, backoff="exponential", base_ms=1000)`` gives AITP's schedule:
+    immediate, then 1000, 2000 and 4000 ms, then give up.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_retries: int = Field(3, ge=0, le=100)
+    backoff: Backoff = "exponential"
+    base_ms: float = Field(1000, ge=0)
+    max_ms: float = Field(300_000, ge=0)
+    #: Fraction of the delay added or removed at random (0 = none, 0.1 = +-10%).
+    jitter: float = Field(0.0, ge=0, le=1)
+    #: Exception class names (``"ValueError"`` or ``"pkg.mod.Error"``) that are never retried.
+    non_retryable: tuple[str, ...] = ()
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ConfigurationError(describe_validation(exc, "retry_policy.")) from None
+
+    @classmethod
+    def parse(cls, data: Any) -> RetryPolicy:
+        """A policy from a mapping (e.g. received as JSON), with the constructor's errors."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise ConfigurationError(f"retry_policy: expected a mapping (got {data!r})")
+        return cls(**data)
+
+
+OfflinePolicy = Literal["next_best", "reauction", "fail"]
+TimeoutPolicy = Literal["extend", "retry", "fail"]
+CapabilityPolicy = Literal["defer", "fail"]
+
+
+class Fallbacks(BaseModel):
+    """What happens when an attempt cannot go as planned (AITP 6.2), per task."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: The winner's node stopped heartbeating, or did not start the task in time:
+    #: the next-best bidder of the same auction, a new auction, or fail.
+    on_agent_offline: OfflinePolicy = "next_best"
+    #: The attempt hit its soft time limit: retry once with ``extended_timeout_seconds``,
+    #: retry under the retry policy, or fail.
+    on_timeout: TimeoutPolicy = "extend"
+    extended_timeout_seconds: float = Field(7200.0, gt=0)
+    #: No live node has the skills: announce again after ``defer_seconds`` (at most
+    #: ``max_deferrals`` times, then ESCALATED), or fail at once.
+    on_capability_unavailable: CapabilityPolicy = "fail"
+    defer_seconds: float = Field(300.0, ge=0)
+    max_deferrals: int = Field(12, ge=1)
 
 
 def skill_names(value: list[str], what: str) -> list[str]:
@@ -70,6 +137,24 @@ class Announcement(BaseModel):
     #: Units of work the task will consume; a bid's cost is price_per_unit * units.
     units: float = Field(1.0, ge=0)
     candidate_cap: int = Field(16, ge=0)
+    retry_policy: RetryPolicy | None = None
+    #: Retry on the node that just failed too (by default a retry excludes it).
+    retry_same_node: bool = False
+    fallbacks: Fallbacks = Field(default_factory=Fallbacks)
+    #: Soft time limit of an attempt on the node (a hard limit follows a grace period later).
+    timeout_seconds: float | None = Field(None, gt=0)
+    #: Seconds the winner has to start the task before it goes to the next-best bidder.
+    schedule_to_start_timeout: float | None = Field(None, gt=0)
+    #: JSON Schema the result must match for COMPLETED -> SUCCESS (AITP 2.1 output).
+    output_schema: dict[str, Any] | None = None
+    #: Nodes this task must not go to again (they failed it or went offline with it).
+    exclude_nodes: list[str] = Field(default_factory=list)
+    #: Cost already spent on earlier attempts (from the ledger).
+    spent: float = Field(0.0, ge=0)
+    #: How many times the task was deferred for want of a capable node.
+    deferrals: int = Field(0, ge=0)
+    #: Attempts that failed on a node so far (what the retry policy counts).
+    failures: int = Field(0, ge=0)
     attempt: int = Field(1, ge=1)
     announced_at: float = Field(default_factory=time.time)
 
@@ -150,43 +235,6 @@ class Award(BaseModel):
     scores: list[Score] = Field(default_factory=list)
     error: str | None = None
     awarded_at: float = Field(default_factory=time.time)
-
-
-Backoff = Literal["exponential", "linear", "fixed"]
-
-
-class RetryPolicy(BaseModel):
-    """How a failed attempt is retried (AITP 2.2 / 6.1), validated on construction.
-
-    ``RetryPolicy(max_retries=3, backoff="exponential", base_ms=1000)`` gives AITP's schedule:
-    immediate, then 1000, 2000 and 4000 ms, then give up.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_retries: int = Field(3, ge=0, le=100)
-    backoff: Backoff = "exponential"
-    base_ms: float = Field(1000, ge=0)
-    max_ms: float = Field(300_000, ge=0)
-    #: Fraction of the delay added or removed at random (0 = none, 0.1 = +-10%).
-    jitter: float = Field(0.0, ge=0, le=1)
-    #: Exception class names (``"ValueError"`` or ``"pkg.mod.Error"``) that are never retried.
-    non_retryable: tuple[str, ...] = ()
-
-    def __init__(self, **data: Any) -> None:
-        try:
-            super().__init__(**data)
-        except ValidationError as exc:
-            raise ConfigurationError(describe_validation(exc, "retry_policy.")) from None
-
-    @classmethod
-    def parse(cls, data: Any) -> RetryPolicy:
-        """A policy from a mapping (e.g. received as JSON), with the constructor's errors."""
-        if isinstance(data, cls):
-            return data
-        if not isinstance(data, dict):
-            raise ConfigurationError(f"retry_policy: expected a mapping (got {data!r})")
-        return cls(**data)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "") -> str:

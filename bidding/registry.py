@@ -59,6 +59,18 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
     _live_cache.clear()
 
 
+def touch(settings: Settings, name: str, now: float | None = None) -> None:
+    """Refresh a node's heartbeat time only: it is alive, but not taking new work (draining)."""
+    with write_session(settings.database_url) as session:
+        session.execute(update(Node).where(Node.name == name)
+                        .values(last_heartbeat=time.time() if now is None else now))
+
+
+def dead_after(settings: Settings, now: float | None = None) -> float:
+    """Heartbeats older than this (Unix time) mean the node is dead, not just offline."""
+    return (time.time() if now is None else now) - settings.heartbeat_ttl
+
+
 def mark_offline(settings: Settings, name: str) -> None:
     """Record a clean shutdown: the node stops being a candidate at once."""
     with write_session(settings.database_url) as session:
@@ -121,16 +133,24 @@ class Heartbeat:
         self.started_at = time.time()
         self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
                               lambda: heartbeat(settings, profile))
+        # After stop (a warm shutdown, or a lost broker connection) the pool may still be
+        # finishing tasks: the node is offline for new work but not dead, and watchdogs must
+        # not hand its running tasks to someone else.
+        self._draining = Periodic(f"bidding-draining-{profile.name}",
+                                  settings.heartbeat_interval,
+                                  lambda: touch(settings, profile.name))
 
     def start(self) -> None:
         """Beat once now (the node is a candidate from this moment), then periodically."""
+        self._draining.stop()
         heartbeat(self.settings, self.profile, started_at=self.started_at)
         self._loop.start()
 
     def stop(self) -> None:
-        """Stop beating and mark the node offline."""
+        """Stop taking new work: mark the node offline, keep proving it is alive until exit."""
         self._loop.stop()
         try:
             mark_offline(self.settings, self.profile.name)
         except Exception:  # shutting down: the TTL will expire the node anyway
             logger.exception("could not mark node %s offline", self.profile.name)
+        self._draining.start()

@@ -1,15 +1,19 @@
 """``BiddingTask``: the base class that turns ``.delay()`` into an auction.
 
 ```python
-@app.task(base=bidding.BiddingTask, task_type="extraction",
-          required_skills=["pdf_text_extraction"])
-def extract(url): ...
+@app.task(base=bidding.BiddingTask, bind=True, task_type="extraction",
+          required_skills=["pdf_text_extraction"],
+          retry_policy=bidding.RetryPolicy(max_retries=3, backoff="exponential", base_ms=1000))
+def extract(self, url):
+    self.progress(1, 3, "downloaded")
+    ...
 
 extract.delay(url).get()                          # auction, then run on the winner
 extract.apply_async([url], bidding={"strategy": "composite", "budget": 2.0})
 ```
-On the winning node the same class records the attempt (accepted, completed or failed) and
-refuses to run a task twice.
+On the winning node the same class records the attempt (accepted, completed, retried or
+failed), never runs a finished task again, and turns a failure into a retry when the task's
+retry policy allows: a new auction after the backoff, by default without the node that failed.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Retry
 from celery.result import AsyncResult
 
 from bidding import execution
 from bidding.announce import announce, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
 from bidding.models import RetryPolicy
+from bidding.node import current_profile
 from bidding.settings import get_settings
+
+_RUNNING = "bidding_running"
 
 
 def _header(request: Any, name: str) -> Any:
@@ -42,10 +49,10 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     #: The kind of work, used for experience (defaults to the task's short name).
     task_type: ClassVar[str | None] = None
     #: Skills a node needs to bid (seed 000's required_capabilities).
-    required_skills: ClassVar[list[str] | tuple[str, ...]] = ()
+    required_skills: ClassVar[list[str] | tuple[str, ...] | str] = ()
     #: Default ``bidding={...}`` options of every call of this task.
     bidding: ClassVar[Mapping[str, Any]] = {}
-    #: Retry policy of an attempt (AITP 6.1).
+    #: Retry policy of an attempt (AITP 6.1); None: a failed attempt fails the task.
     retry_policy: ClassVar[RetryPolicy | None] = None
 
     #: Executions are acknowledged after they finish and requeued if the worker dies.
@@ -64,17 +71,29 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         bidding: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> AsyncResult:
-        """Announce this call for bidding and return the AsyncResult of its execution."""
+        """Announce this call for bidding and return the AsyncResult of its execution.
+
+        ``countdown``/``eta`` delay the auction itself. Called by ``self.retry()`` inside a
+        running bidding task, it schedules that task's next attempt instead.
+        """
         if self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error,
                                        shadow, **options)
         settings = get_settings(self.app)
+        delay = _delay(options)
+        running: execution.Running | None = getattr(self.request, _RUNNING, None)
+        if running is not None and task_id == running.task_id:
+            execution.retry_requested(settings, running, delay)
+            return AsyncResult(task_id, app=self.app)
         defaults = dict(self.bidding or {})
         check_options(defaults, f"{self.name} bidding defaults")
         call = dict(bidding or {})
         check_options(call, f"{self.name}.apply_async(bidding=...)")
-        rfp = build_announcement(self, settings, args, kwargs, {**defaults, **call}, task_id)
-        return announce(self.app, settings, rfp, link=link, link_error=link_error)
+        merged = {**defaults, **call}
+        if self.retry_policy is not None and "retry_policy" not in merged:
+            merged["retry_policy"] = self.retry_policy
+        rfp = build_announcement(self, settings, args, kwargs, merged, task_id)
+        return announce(self.app, settings, rfp, delay=delay, link=link, link_error=link_error)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node, record the attempt around it and skip duplicates."""
@@ -83,21 +102,51 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if request.called_directly or attempt is None:
             return super().__call__(*args, **kwargs)
         settings = get_settings(self.app)
-        node = str(_header(request, NODE_HEADER))
-        attempt = int(attempt)
-        start = execution.begin(settings, request.id, attempt, node)
-        if start is execution.Start.DUPLICATE:
+        profile = current_profile(settings)
+        run = execution.begin(settings, request.id, int(attempt),
+                              str(_header(request, NODE_HEADER)),
+                              profile.price_per_unit if profile is not None else 0.0)
+        if run.start is execution.Start.DUPLICATE:
             raise Ignore()
-        began = time.monotonic()
+        setattr(request, _RUNNING, run)
         try:
             result = self.run(*args, **kwargs)
+        except Retry:
+            raise  # self.retry(): apply_async above scheduled the next attempt
         except Exception as exc:
-            if start is not execution.Start.UNKNOWN:
-                execution.finish(settings, request.id, attempt, node, success=False,
-                                 duration_s=time.monotonic() - began,
-                                 error=f"{type(exc).__name__}: {exc}")
+            verdict = execution.fail(settings, run, exc)
+            if verdict.retry_in is not None:
+                # Celery records RETRY (not FAILURE): .get() keeps waiting for the next attempt.
+                raise Retry(exc=exc, when=verdict.retry_in) from exc
+            if verdict.error is not None:
+                raise verdict.error from exc
             raise
-        if start is not execution.Start.UNKNOWN:
-            execution.finish(settings, request.id, attempt, node, success=True,
-                             duration_s=time.monotonic() - began)
+        verdict = execution.complete(settings, run, result)
+        if verdict.error is not None:
+            raise verdict.error
         return result
+
+    def progress(self, current: float, total: float, note: str = "") -> None:
+        """Report progress from the body (AITP 5.3): a PROGRESS_UPDATE message, the task's
+        progress in ``bidding status``, and Celery state PROGRESS for Flower."""
+        run: execution.Running | None = getattr(self.request, _RUNNING, None)
+        if run is None or run.rfp is None:
+            return
+        info = execution.report_progress(get_settings(self.app), run, current, total, note)
+        self.update_state(state="PROGRESS", meta=info)
+
+    def report_units(self, units: float) -> None:
+        """Say how many units this attempt consumed (its cost is the node's price * units)."""
+        run: execution.Running | None = getattr(self.request, _RUNNING, None)
+        if run is not None:
+            run.units = float(units)
+
+
+def _delay(options: Mapping[str, Any]) -> float:
+    countdown = options.get("countdown")
+    if countdown:
+        return max(0.0, float(countdown))
+    eta = options.get("eta")
+    if eta is not None:
+        return max(0.0, float(eta.timestamp()) - time.time())
+    return 0.0

@@ -64,6 +64,8 @@ class Announcement(Base):
     announced_at: Mapped[float] = mapped_column(Float, index=True)
     #: When the bidding window ends; the sweepers close open auctions past it.
     closes_at: Mapped[float] = mapped_column(Float)
+    #: When a PENDING (scheduled), RETRYING (backoff) or DEFERRED task is announced again.
+    due_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     awarded_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -74,10 +76,13 @@ class Announcement(Base):
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     closed_by: Mapped[str | None] = mapped_column(String(32), nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: The latest progress report of the running attempt (AITP 5.3).
+    progress: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
 
     __table_args__ = (
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),
         Index("ix_bidding_announcements_state_closes", "state", "closes_at"),
+        Index("ix_bidding_announcements_state_due", "state", "due_at"),
     )
 
 
@@ -131,7 +136,7 @@ class Episode(Base):
 
     __table_args__ = (
         Index("ix_bidding_episodes_node_type", "node", "task_type", "finished_at"),
-        Index("uq_bidding_episodes_attempt", "task_id", "attempt", unique=True),
+        Index("uq_bidding_episodes_attempt", "task_id", "attempt", "node", unique=True),
     )
 
 
@@ -147,3 +152,22 @@ class Message(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     detail: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     at: Mapped[float] = mapped_column(Float)
+
+
+class LedgerEntry(Base):
+    """One attempt's cost against the task's budget (AITP 7.2)."""
+
+    __tablename__ = "bidding_ledger"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    task_id: Mapped[str] = mapped_column(String(64), index=True)
+    attempt: Mapped[int] = mapped_column(Integer, default=1)
+    node: Mapped[str] = mapped_column(String(32))
+    units: Mapped[float] = mapped_column(Float, default=0.0)
+    price_per_unit: Mapped[float] = mapped_column(Float, default=0.0)
+    total: Mapped[float] = mapped_column(Float, default=0.0)
+    at: Mapped[float] = mapped_column(Float)
+
+    __table_args__ = (
+        Index("uq_bidding_ledger_attempt", "task_id", "attempt", "node", unique=True),
+    )

@@ -33,6 +33,7 @@ STORE_TABLES = {
     "bidding_bids",
     "bidding_episodes",
     "bidding_messages",
+    "bidding_ledger",
 }
 
 

@@ -40,7 +40,7 @@ def test_delay_runs_the_task_on_a_bidder_and_get_returns_its_value(cluster: Clus
     assert set(winner_bid.breakdown["terms"]) == {"confidence", "skill_match"}
     kinds = [m.kind for m in why.messages]
     assert kinds[0] == "ANNOUNCED" and kinds.count("BID") == 3
-    assert kinds[-3:] == ["AWARDED", "TASK_ACCEPTED", "TASK_COMPLETED"]
+    assert kinds[-4:] == ["AWARDED", "TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED"]
     assert cluster.executions(result.id) == 1
 
 

@@ -113,7 +113,7 @@ def test_ineligible_when_cost_above_budget():
     # when its eligibility is checked
     why = ineligibility(make_bid("a", cost=0.1), rfp)
     # then the reason names the cost and the budget
-    assert why == "cost 0.1000 exceeds budget 0.0500"
+    assert why == "cost 0.1000 exceeds remaining budget 0.0500"
 
 
 def test_eligible_bid_has_no_reason():
@@ -213,7 +213,7 @@ def test_mixed_ineligibility_reasons_say_no_valid_bids():
     assert award.outcome == "failed"
     assert award.error == (
         "No valid bids: a: confidence 0.40 below min_confidence 0.60; "
-        "b: cost 0.7500 exceeds budget 0.5000"
+        "b: cost 0.7500 exceeds remaining budget 0.5000"
     )
 
 

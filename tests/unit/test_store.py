@@ -26,7 +26,7 @@ from bidding.store import (
 from bidding.store.schema import Base, Node
 
 TABLES = {"bidding_nodes", "bidding_announcements", "bidding_bids", "bidding_episodes",
-          "bidding_messages"}
+          "bidding_messages", "bidding_ledger"}
 
 
 def schema_diff(url: str) -> list:

@@ -1,4 +1,4 @@
-"""Initial schema: nodes, announcements, bids, episodes, messages.
+"""Initial schema: nodes, announcements, bids, episodes, messages, ledger.
 
 Revision ID: 0001
 Revises: 
@@ -37,6 +37,7 @@ def upgrade() -> None:
     sa.Column('bids_received', sa.Integer(), nullable=False),
     sa.Column('announced_at', sa.Float(), nullable=False),
     sa.Column('closes_at', sa.Float(), nullable=False),
+    sa.Column('due_at', sa.Float(), nullable=True),
     sa.Column('awarded_at', sa.Float(), nullable=True),
     sa.Column('started_at', sa.Float(), nullable=True),
     sa.Column('finished_at', sa.Float(), nullable=True),
@@ -46,11 +47,13 @@ def upgrade() -> None:
     sa.Column('outcome', sa.String(length=16), nullable=True),
     sa.Column('closed_by', sa.String(length=32), nullable=True),
     sa.Column('error', sa.Text(), nullable=True),
+    sa.Column('progress', JSONType, nullable=False),
     sa.PrimaryKeyConstraint('task_id')
     )
     op.create_index(op.f('ix_bidding_announcements_announced_at'), 'bidding_announcements', ['announced_at'], unique=False)
     op.create_index('ix_bidding_announcements_node_state', 'bidding_announcements', ['assigned_node', 'state'], unique=False)
     op.create_index('ix_bidding_announcements_state_closes', 'bidding_announcements', ['state', 'closes_at'], unique=False)
+    op.create_index('ix_bidding_announcements_state_due', 'bidding_announcements', ['state', 'due_at'], unique=False)
     op.create_index(op.f('ix_bidding_announcements_task_type'), 'bidding_announcements', ['task_type'], unique=False)
     op.create_table('bidding_episodes',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
@@ -68,7 +71,20 @@ def upgrade() -> None:
     )
     op.create_index('ix_bidding_episodes_node_type', 'bidding_episodes', ['node', 'task_type', 'finished_at'], unique=False)
     op.create_index(op.f('ix_bidding_episodes_task_id'), 'bidding_episodes', ['task_id'], unique=False)
-    op.create_index('uq_bidding_episodes_attempt', 'bidding_episodes', ['task_id', 'attempt'], unique=True)
+    op.create_index('uq_bidding_episodes_attempt', 'bidding_episodes', ['task_id', 'attempt', 'node'], unique=True)
+    op.create_table('bidding_ledger',
+    sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
+    sa.Column('task_id', sa.String(length=64), nullable=False),
+    sa.Column('attempt', sa.Integer(), nullable=False),
+    sa.Column('node', sa.String(length=32), nullable=False),
+    sa.Column('units', sa.Float(), nullable=False),
+    sa.Column('price_per_unit', sa.Float(), nullable=False),
+    sa.Column('total', sa.Float(), nullable=False),
+    sa.Column('at', sa.Float(), nullable=False),
+    sa.PrimaryKeyConstraint('id')
+    )
+    op.create_index(op.f('ix_bidding_ledger_task_id'), 'bidding_ledger', ['task_id'], unique=False)
+    op.create_index('uq_bidding_ledger_attempt', 'bidding_ledger', ['task_id', 'attempt', 'node'], unique=True)
     op.create_table('bidding_messages',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('task_id', sa.String(length=64), nullable=False),
@@ -130,11 +146,15 @@ def downgrade() -> None:
     op.drop_index(op.f('ix_bidding_messages_task_id'), table_name='bidding_messages')
     op.drop_index(op.f('ix_bidding_messages_kind'), table_name='bidding_messages')
     op.drop_table('bidding_messages')
+    op.drop_index('uq_bidding_ledger_attempt', table_name='bidding_ledger')
+    op.drop_index(op.f('ix_bidding_ledger_task_id'), table_name='bidding_ledger')
+    op.drop_table('bidding_ledger')
     op.drop_index('uq_bidding_episodes_attempt', table_name='bidding_episodes')
     op.drop_index(op.f('ix_bidding_episodes_task_id'), table_name='bidding_episodes')
     op.drop_index('ix_bidding_episodes_node_type', table_name='bidding_episodes')
     op.drop_table('bidding_episodes')
     op.drop_index(op.f('ix_bidding_announcements_task_type'), table_name='bidding_announcements')
+    op.drop_index('ix_bidding_announcements_state_due', table_name='bidding_announcements')
     op.drop_index('ix_bidding_announcements_state_closes', table_name='bidding_announcements')
     op.drop_index('ix_bidding_announcements_node_state', table_name='bidding_announcements')
     op.drop_index(op.f('ix_bidding_announcements_announced_at'), table_name='bidding_announcements')

@@ -1,0 +1,143 @@
+"""What every node worker's sweeper does, every ``bidding_sweep_interval`` seconds.
+
+1. closes auctions past their window (the deadline closer);
+2. announces tasks whose scheduled start, retry backoff or deferral has come;
+3. watches winners: a task whose node stopped heartbeating, or that was not started within its
+   schedule-to-start timeout, goes to the next-best bidder of the same auction (AITP 6.2
+   SELECT_NEXT_BEST), to a new auction, or fails, as its fallbacks say.
+
+All of it is driven by the store, so a lost message or a broker restart cannot leave a task
+without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
+compare-and-set.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import Celery
+from sqlalchemy import and_, or_, select
+from sqlalchemy.exc import IntegrityError
+
+from bidding import journal, lifecycle
+from bidding.announce import announce_due
+from bidding.award import close_expired, send_execution, start_by
+from bidding.config import Settings
+from bidding.errors import NodeLostError
+from bidding.models import Announcement
+from bidding.registry import dead_after
+from bidding.store import read_session, write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import BidRow, Episode, Node
+from bidding.transition import transition
+
+logger = logging.getLogger(__name__)
+
+
+def sweep(settings: Settings, app: Celery) -> None:
+    """One sweep: close expired auctions, announce due tasks, watch winners."""
+    close_expired(settings, app)
+    announce_due(settings, app)
+    check_winners(settings, app)
+
+
+def check_winners(settings: Settings, app: Celery, now: float | None = None,
+                  limit: int = 100) -> int:
+    """Re-place tasks whose winner is dead or late to start; returns how many were moved."""
+    now = time.time() if now is None else now
+    cutoff = dead_after(settings, now)
+    with read_session(settings.database_url) as session:
+        alive = set(session.scalars(select(Node.name).where(Node.last_heartbeat >= cutoff)))
+        live = set(session.scalars(select(Node.name).where(Node.last_heartbeat >= cutoff,
+                                                           Node.status == "online")))
+        rows = session.execute(
+            select(AnnouncementRow.attempt, AnnouncementRow.assigned_node,
+                   AnnouncementRow.state, AnnouncementRow.spec)
+            .where(AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES),
+                   or_(AnnouncementRow.assigned_node.not_in(sorted(alive)),
+                       and_(AnnouncementRow.state == lifecycle.ASSIGNED,
+                            AnnouncementRow.due_at <= now)))
+            .limit(limit)
+        ).all()
+    moved = 0
+    for attempt, node, state, spec in rows:
+        reason = (f"node {node} stopped heartbeating" if node not in alive
+                  else f"node {node} did not start the task in time")
+        rfp = Announcement.model_validate(spec)
+        if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now):
+            moved += 1
+    return moved
+
+
+def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
+                   state: str, live: set[str], reason: str, now: float) -> bool:
+    """Apply the task's on_agent_offline fallback to a lost winner."""
+    policy = rfp.fallbacks.on_agent_offline
+    exclude = [*rfp.exclude_nodes, node] if node not in rfp.exclude_nodes else rfp.exclude_nodes
+    moved_to: str | None = None
+    with write_session(settings.database_url) as session:
+        _lost_episode(session, rfp, attempt, node, reason, now)
+        if policy == "next_best":
+            moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
+        if moved_to is not None:
+            nxt = rfp.model_copy(update={"exclude_nodes": exclude})
+            ok = transition(
+                session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
+                from_states=(state,), expect_attempt=attempt, expect_node=node,
+                message_node=moved_to, at=now,
+                detail={"from": node, "to": moved_to, "reason": reason},
+                assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
+                started_at=None, due_at=start_by(settings, nxt, now),
+            )
+            if ok:
+                send_execution(app, nxt, moved_to, settings)
+            return ok
+        if policy == "fail":
+            ok = transition(session, rfp.task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
+                            from_states=(state,), expect_attempt=attempt, expect_node=node,
+                            at=now, detail={"error": reason}, error=reason, finished_at=now,
+                            due_at=None)
+            if ok:
+                app.backend.mark_as_failure(rfp.task_id, NodeLostError(reason))
+            return ok
+        nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
+                                     "announced_at": now})
+        return transition(
+            session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+            from_states=(state,), expect_attempt=attempt, expect_node=node, at=now,
+            detail={"why": reason + "; no other bidder left, new auction",
+                    "next_attempt": attempt + 1, "delay_s": 0},
+            attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
+            assigned_node=None,
+        )
+
+
+def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
+               live: set[str]) -> str | None:
+    """The best-scored eligible bid of the same auction from a live node not excluded."""
+    rows = session.execute(
+        select(BidRow.node, BidRow.score, BidRow.breakdown)
+        .where(BidRow.task_id == task_id, BidRow.attempt == attempt,
+               BidRow.will_bid.is_(True), BidRow.late.is_(False))
+    ).all()
+    ranked = sorted(
+        (r for r in rows if r.node not in exclude and r.node in live
+         and (r.breakdown or {}).get("eligible", True)),
+        key=lambda r: -(r.score if r.score is not None else -1.0),
+    )
+    return ranked[0].node if ranked else None
+
+
+def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
+                  now: float) -> None:
+    """The lost winner failed this attempt: it counts against its experience and trust."""
+    try:
+        with session.begin_nested():
+            session.add(Episode(task_id=rfp.task_id, attempt=attempt, node=node,
+                                task_type=rfp.task_type, skills=list(rfp.required_skills),
+                                success=False, duration_s=0.0, cost=0.0, error=reason,
+                                finished_at=now))
+    except IntegrityError:  # already recorded (it ran and failed, or a sweep got there first)
+        pass
