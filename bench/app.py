@@ -58,6 +58,6 @@ def auction_noop(value: Any = None) -> Any:
 
 
 if os.environ.get("BENCH_TRACE"):
-    from bench import trace
+    from bench import phases
 
-    trace.install(os.environ["BENCH_TRACE"])
+    phases.install(os.environ["BENCH_TRACE"])

@@ -12,12 +12,17 @@ bidding.explain(result.id, app=app)
 ```
 """
 
+from bidding import status
 from bidding.app import install
 from bidding.config import Settings, load_settings
 from bidding.errors import (
     BiddingError,
     ConfigurationError,
+    CostExceededError,
+    EscalatedError,
     NoBidsError,
+    NodeLostError,
+    OutputValidationError,
     ProfileError,
     UnknownStrategyError,
     UnknownTaskError,
@@ -52,12 +57,16 @@ __all__ = [
     "BiddingTask",
     "Composite",
     "ConfigurationError",
+    "CostExceededError",
+    "EscalatedError",
     "Explanation",
     "HighestConfidence",
     "Judgment",
     "NoBidsError",
     "NodeCapability",
+    "NodeLostError",
     "NodeProfile",
+    "OutputValidationError",
     "ProfileError",
     "Refusal",
     "RetryPolicy",
@@ -76,4 +85,5 @@ __all__ = [
     "load_settings",
     "register_strategy",
     "resolve_strategy",
+    "status",
 ]

@@ -128,6 +128,23 @@ def explain(task_id: str, app_name: str | None, database_url: str | None,
 
 
 @main.command()
+@click.argument("task_id")
+@app_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
+def status(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
+    """Where TASK_ID stands: state, attempt, node, progress, cost against budget."""
+    from bidding.status import task_status
+
+    settings = _settings(app_name, database_url)
+    try:
+        result = task_status(settings.database_url, task_id)
+    except BiddingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(result.model_dump_json(indent=2) if as_json else result.render())
+
+
+@main.command()
 @app_option
 @db_option
 @click.option("--json", "as_json", is_flag=True)

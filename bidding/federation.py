@@ -187,6 +187,18 @@ class Federation:
         if sig == signal.SIGKILL:
             node.process.wait(timeout=10)
 
+    def stop_node(self, name: str, timeout: float = 15.0) -> None:
+        """Warm shutdown of one node (SIGTERM), SIGKILL if it lingers."""
+        node = self.nodes.pop(name)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.process.pid, signal.SIGTERM)
+        try:
+            node.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(node.process.pid, signal.SIGKILL)
+            node.process.wait(timeout=10)
+
     def stop(self, timeout: float = 15.0) -> None:
         """Warm shutdown of every node (SIGTERM), then SIGKILL for any that linger."""
         for node in self.nodes.values():

@@ -74,3 +74,76 @@ def failing(self: Any, message: str) -> None:
     """Raises on the node: the failure reaches the caller and is recorded."""
     counters().incr(f"exec:{self.request.id}")
     raise ValueError(message)
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="flaky", required_skills=["shared"])
+def flaky(self: Any, key: str, fail_times: int) -> dict[str, Any]:
+    """Fails its first ``fail_times`` attempts (counted across nodes), then succeeds."""
+    n = counters().incr(f"attempts:{key}")
+    counters().rpush(f"nodes:{key}", str(self.request.hostname).split("@")[0])
+    if n <= fail_times:
+        raise RuntimeError(f"attempt {n} fails on purpose")
+    return {"node": str(self.request.hostname).split("@")[0], "attempts": n}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="slow", required_skills=["shared"])
+def slow(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """Counts how often it starts and how often it runs to completion."""
+    counters().incr(f"started:{key}")
+    counters().rpush(f"nodes:{key}", str(self.request.hostname).split("@")[0])
+    time.sleep(seconds)
+    counters().incr(f"finished:{key}")
+    return {"node": str(self.request.hostname).split("@")[0]}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="sleepy", required_skills=["shared"])
+def sleepy(self: Any, seconds: float) -> dict[str, Any]:
+    """Sleeps; with a soft time limit shorter than ``seconds`` it times out."""
+    time.sleep(seconds)
+    return {"node": str(self.request.hostname).split("@")[0], "slept": seconds}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="metered", required_skills=["shared"])
+def metered(self: Any, units: float) -> str:
+    """Reports the units it consumed (its cost is the node's price times units)."""
+    self.report_units(units)
+    return "done"
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="shaped", required_skills=["shared"])
+def shaped(self: Any, value: Any) -> dict[str, Any]:
+    """Returns ``{"value": value}``: valid or not against a schema, depending on ``value``."""
+    return {"value": value}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="steps", required_skills=["shared"])
+def steps(self: Any, n: int, pause: float) -> int:
+    """Reports progress after each of ``n`` steps."""
+    for i in range(1, n + 1):
+        time.sleep(pause)
+        self.progress(i, n, f"step {i}")
+    return n
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="retrying", required_skills=["shared"],
+          max_retries=5)
+def retrying(self: Any, key: str, times: int) -> dict[str, Any]:
+    """Calls self.retry(countdown=0.3) ``times`` times, as Celery users do."""
+    n = counters().incr(f"attempts:{key}")
+    counters().rpush(f"nodes:{key}", str(self.request.hostname).split("@")[0])
+    if n <= times:
+        raise self.retry(countdown=0.3)
+    return {"node": str(self.request.hostname).split("@")[0], "attempts": n}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="late", required_skills=["late_skill"])
+def late(self: Any, value: Any) -> dict[str, Any]:
+    """Only a node that joins later can do this."""
+    return _run(self, value, 0.0)
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="ghostly",
+          required_skills=["shared", "ghostly"])
+def ghostly(self: Any, value: Any) -> dict[str, Any]:
+    """The ghost (a node that bids but never runs anything) matches this best."""
+    return _run(self, value, 0.0)

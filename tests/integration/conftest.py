@@ -129,12 +129,18 @@ def _repoint(app: Celery, broker: str, backend: str) -> None:
 
 @contextmanager
 def running_cluster(database_url: str, directory: Path, backend: str,
-                    broker: str = BROKER, result_backend: str | None = None) -> Iterator[Cluster]:
-    """Start the three nodes against ``broker`` and the store at ``database_url``."""
+                    broker: str = BROKER, result_backend: str | None = None,
+                    extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """Start the three nodes against ``broker`` and the store at ``database_url``.
+
+    ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
+    """
     from tests.integration.app import app
 
-    previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL",)}
+    extra_env = extra_env or {}
+    previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL", *extra_env)}
     os.environ["BIDDING_DATABASE_URL"] = database_url
+    os.environ.update(extra_env)
     saved_conf = (app.conf.broker_url, app.conf.result_backend)
     _repoint(app, broker, result_backend or broker)
     reset_settings(app)
@@ -146,7 +152,7 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         app="tests.integration.app",
         env={"BIDDING_DATABASE_URL": database_url, "BIDDING_IT_BROKER": broker,
              "BIDDING_IT_BACKEND": result_backend or broker, "BIDDING_IT_COUNTERS": COUNTERS,
-             "BIDDING_HEARTBEAT_INTERVAL": "1", "PYTHONPATH": str(ROOT)},
+             "BIDDING_HEARTBEAT_INTERVAL": "1", "PYTHONPATH": str(ROOT), **extra_env},
         log_dir=directory / "logs",
         concurrency=2,
         cwd=ROOT,

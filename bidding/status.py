@@ -1,0 +1,89 @@
+"""``bidding status TASK_ID``: where a task stands now (AITP 8.2), its progress and its cost."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from bidding.errors import UnknownTaskError
+from bidding.models import Announcement
+from bidding.store import ensure_schema, read_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import LedgerEntry, Message
+
+
+class LedgerLine(BaseModel):
+    """One attempt's cost (AITP 7.2)."""
+
+    attempt: int
+    node: str
+    units: float
+    price_per_unit: float
+    total: float
+
+
+class TaskStatus(BaseModel):
+    """The task now: state, attempt, node, progress, cost against budget, last events."""
+
+    task_id: str
+    task_name: str
+    state: str
+    attempt: int
+    node: str | None
+    progress: dict[str, Any]
+    budget: float | None
+    cost_so_far: float
+    remaining_budget: float | None
+    ledger: list[LedgerLine]
+    error: str | None
+    retry_at: float | None
+    last_events: list[str]
+
+    def render(self) -> str:
+        """Plain text for terminals."""
+        lines = [f"task {self.task_id}  {self.task_name}",
+                 f"  state: {self.state}  attempt: {self.attempt}  node: {self.node or '-'}"]
+        if self.progress:
+            p = self.progress
+            pct = f" ({p['percent']}%)" if p.get("percent") is not None else ""
+            lines.append(f"  progress: {p.get('current')}/{p.get('total')}{pct} {p.get('note')}")
+        if self.retry_at:
+            lines.append(f"  next attempt in {max(0.0, self.retry_at - time.time()):.1f}s")
+        budget = "-" if self.budget is None else f"{self.budget:.4f}"
+        lines.append(f"  cost so far: {self.cost_so_far:.4f} of budget {budget}")
+        for e in self.ledger:
+            lines.append(f"    attempt {e.attempt} on {e.node}: {e.units:g} units x "
+                         f"{e.price_per_unit:g} = {e.total:.4f}")
+        if self.error:
+            lines.append(f"  error: {self.error}")
+        lines.append("  last events: " + ", ".join(self.last_events))
+        return "\n".join(lines)
+
+
+def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
+    """Read the status of ``task_id`` from the store."""
+    ensure_schema(database_url)
+    with read_session(database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None:
+            raise UnknownTaskError(f"task {task_id}: no such announcement in the store")
+        ledger = session.scalars(select(LedgerEntry).where(LedgerEntry.task_id == task_id)
+                                 .order_by(LedgerEntry.id)).all()
+        kinds = session.scalars(select(Message.kind).where(Message.task_id == task_id)
+                                .order_by(Message.id.desc()).limit(events)).all()
+        rfp = Announcement.model_validate(row.spec)
+        spent = sum(e.total for e in ledger)
+        return TaskStatus(
+            task_id=task_id, task_name=row.task_name, state=row.state, attempt=row.attempt,
+            node=row.assigned_node, progress=dict(row.progress or {}), budget=rfp.budget,
+            cost_so_far=spent,
+            remaining_budget=None if rfp.budget is None else rfp.budget - spent,
+            ledger=[LedgerLine(attempt=e.attempt, node=e.node, units=e.units,
+                               price_per_unit=e.price_per_unit, total=e.total) for e in ledger],
+            error=row.error,
+            retry_at=row.due_at if row.state in ("RETRYING", "DEFERRED", "PENDING") else None,
+            last_events=list(reversed(kinds)),
+        )

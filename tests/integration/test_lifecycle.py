@@ -1,0 +1,299 @@
+"""AITP execution on real workers: retries with backoff on other nodes, a node killed mid-task,
+a winner that never starts, timeouts, budgets, output schemas, deferral, progress."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any
+
+import pytest
+from kombu import Connection
+from sqlalchemy import select
+
+import bidding
+from bidding.consumer import answer, request_queue
+from bidding.federation import free_port
+from bidding.profile import NodeProfile
+from bidding.registry import heartbeat, invalidate_cache
+from bidding.store import read_session
+from bidding.store.schema import Announcement, Episode, Message
+from tests.integration.app import (
+    flaky,
+    ghostly,
+    late,
+    metered,
+    retrying,
+    shaped,
+    sleepy,
+    slow,
+    steps,
+)
+from tests.integration.conftest import NODES, Cluster, running_cluster, wait_for, write_profile
+
+pytestmark = pytest.mark.integration
+
+TTL = 3.0
+
+
+class Hook(BaseHTTPRequestHandler):
+    """A webhook receiver: keeps every JSON body it is sent."""
+
+    received: list[dict[str, Any]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        Hook.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def webhook() -> Iterator[str]:
+    server = HTTPServer(("127.0.0.1", free_port()), Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/hook"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def nodes(redis_broker: str, webhook: str,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    directory = tmp_path_factory.mktemp("cluster-lifecycle")
+    env = {"BIDDING_HEARTBEAT_TTL": str(TTL), "BIDDING_HEARTBEAT_INTERVAL": "0.5",
+           "BIDDING_NOTIFY_URL": webhook}
+    with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                         extra_env=env) as cluster:
+        yield cluster
+
+
+def messages(cluster: Cluster, task_id: str) -> list[Message]:
+    with read_session(cluster.settings.database_url) as s:
+        return list(s.scalars(select(Message).where(Message.task_id == task_id)
+                              .order_by(Message.id)))
+
+
+def state_of(cluster: Cluster, task_id: str) -> str | None:
+    with read_session(cluster.settings.database_url) as s:
+        row = s.get(Announcement, task_id)
+        return None if row is None else row.state
+
+
+@contextmanager
+def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
+    """A node that heartbeats and bids (through the production bid code) but never executes:
+    its exec queue has no consumer, as when a node's workers are stuck."""
+    profile = NodeProfile(name="ghost", capabilities=skills, capacity=4, price_per_unit=0.01,
+                          latency_ms=50, trust=70)
+    stop = threading.Event()
+
+    def run() -> None:
+        def on_request(body: dict[str, Any], message: Any) -> None:
+            answer(cluster.settings, cluster.app, profile, body)
+
+        with Connection(cluster.app.conf.broker_url) as conn, conn.Consumer(
+                [request_queue(profile.name)], callbacks=[on_request], accept=["json"],
+                no_ack=True):
+            beat = 0.0
+            while not stop.is_set():
+                if time.monotonic() - beat > 0.5:
+                    heartbeat(cluster.settings, profile)
+                    beat = time.monotonic()
+                with suppress(TimeoutError):
+                    conn.drain_events(timeout=0.2)
+
+    heartbeat(cluster.settings, profile)
+    invalidate_cache()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield profile
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        cluster.bury(profile.name)
+
+
+def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delays(
+    nodes: Cluster,
+) -> None:
+    # given a task that fails its first two attempts, with AITP's exponential policy (base 0.5 s)
+    policy = bidding.RetryPolicy(max_retries=3, backoff="exponential", base_ms=500)
+    key = f"flaky-{time.time()}"
+    result = flaky.apply_async((key, 2), bidding={"retry_policy": policy.model_dump()})
+    # when the caller waits on the id .delay() returned
+    value = result.get(timeout=30)
+    # then the third attempt's value arrives, and each attempt ran on a different node
+    assert value["attempts"] == 3
+    tried = [n.decode() for n in nodes.counters.lrange(f"nodes:{key}", 0, -1)]
+    assert len(tried) == 3 and len(set(tried)) == 3, tried
+    # and the new auctions came after the policy's delays: 0.5 s, then 1.0 s
+    log = messages(nodes, result.id)
+    retried = [m for m in log if m.kind == "RETRYING"]
+    assert [m.detail["delay_s"] for m in retried] == [0.5, 1.0]
+    announced = {m.attempt: m.at for m in log if m.kind == "ANNOUNCED"}
+    for m in retried:
+        waited = announced[m.detail["next_attempt"]] - m.at
+        assert m.detail["delay_s"] - 0.01 <= waited <= m.detail["delay_s"] + 0.8, waited
+    assert bidding.explain(result.id, app=nodes.app).state == "SUCCESS"
+
+
+def test_a_non_retryable_error_fails_at_once(nodes: Cluster) -> None:
+    # given a policy that does not retry RuntimeError
+    policy = {"max_retries": 3, "base_ms": 100, "non_retryable": ["RuntimeError"]}
+    result = flaky.apply_async((f"nr-{time.time()}", 5), bidding={"retry_policy": policy})
+    # then the first failure is final
+    with pytest.raises(RuntimeError, match="attempt 1 fails"):
+        result.get(timeout=15)
+    kinds = [m.kind for m in messages(nodes, result.id)]
+    assert "RETRYING" not in kinds and kinds[-1] == "TASK_FAILED"
+
+
+def test_self_retry_is_a_new_auction_on_another_node(nodes: Cluster) -> None:
+    # given a task that calls self.retry(countdown=0.3) twice, as Celery users write it
+    key = f"retry-{time.time()}"
+    # when it runs, then the third attempt returns, each on a different node
+    value = retrying.delay(key, 2).get(timeout=30)
+    assert value["attempts"] == 3
+    tried = [n.decode() for n in nodes.counters.lrange(f"nodes:{key}", 0, -1)]
+    assert len(set(tried)) == 3, tried
+
+
+def test_a_winner_that_never_starts_the_task_is_replaced_by_the_next_best_bidder(
+    nodes: Cluster,
+) -> None:
+    # given a node that bids best but whose workers never take the task
+    with bidding_ghost(nodes, ["shared", "ghostly"]):
+        started = time.monotonic()
+        result = ghostly.apply_async(("boo",), bidding={"schedule_to_start_timeout": 1.0})
+        # when it is not started within 1 s, then the next-best bidder runs it
+        value = result.get(timeout=20)
+        elapsed = time.monotonic() - started
+    assert value["node"] in NODES
+    log = messages(nodes, result.id)
+    awarded = next(m for m in log if m.kind == "AWARDED")
+    assert awarded.node == "ghost"
+    moved = next(m for m in log if m.kind == "REAWARDED")
+    assert moved.detail["from"] == "ghost" and moved.detail["to"] == value["node"]
+    assert "did not start the task in time" in moved.detail["reason"]
+    assert 1.0 <= elapsed < 6
+    assert nodes.executions(result.id) == 1
+
+
+def test_a_soft_time_limit_is_retried_with_the_extended_limit(nodes: Cluster) -> None:
+    # given a 1.5 s job with a 0.5 s soft limit, extended to 5 s on timeout
+    result = sleepy.apply_async((1.5,), bidding={
+        "timeout_seconds": 0.5,
+        "fallbacks": {"on_timeout": "extend", "extended_timeout_seconds": 5},
+    })
+    # then the second attempt, with the extended limit, completes
+    assert result.get(timeout=20)["slept"] == 1.5
+    log = messages(nodes, result.id)
+    retry = next(m for m in log if m.kind == "RETRYING")
+    assert "SoftTimeLimitExceeded" in retry.detail["error"]
+    assert "retrying with 5s" in retry.detail["why"]
+    with read_session(nodes.settings.database_url) as s:
+        row = s.get(Announcement, result.id)
+        assert row is not None and row.spec["timeout_seconds"] == 5
+
+
+def test_a_budget_overrun_fails_the_task_and_notifies(nodes: Cluster) -> None:
+    # given a budget of 0.5 and a task that consumes 100 units at 0.01 each
+    Hook.received.clear()
+    result = metered.apply_async((100,), bidding={"budget": 0.5})
+    # then the caller sees the overrun ...
+    with pytest.raises(bidding.CostExceededError, match=r"spent 1\.0000 of budget 0\.5000"):
+        result.get(timeout=15)
+    # ... the ledger has the attempt, the task is FAILED, and the webhook was called
+    status = bidding.status.task_status(nodes.settings.database_url, result.id)
+    assert status.state == "FAILED"
+    assert [(e.units, e.total) for e in status.ledger] == [(100.0, pytest.approx(1.0))]
+    assert wait_for(lambda: any(h.get("task_id") == result.id for h in Hook.received), 5)
+    hook = next(h for h in Hook.received if h["task_id"] == result.id)
+    assert hook["event"] == "cost_exceeded" and hook["budget"] == 0.5
+
+
+def test_bids_over_the_remaining_budget_are_not_awarded(nodes: Cluster) -> None:
+    # given a budget below every node's price for the announced units
+    result = metered.apply_async((1,), bidding={"budget": 0.001, "units": 1})
+    # then no bid is valid, and nothing ran
+    with pytest.raises(bidding.NoBidsError, match="exceeds remaining budget"):
+        result.get(timeout=15)
+
+
+def test_the_output_schema_decides_success(nodes: Cluster) -> None:
+    schema = {"type": "object", "properties": {"value": {"type": "integer"}},
+              "required": ["value"]}
+    # given a result that matches the schema, then SUCCESS
+    ok = shaped.apply_async((7,), bidding={"output_schema": schema})
+    assert ok.get(timeout=15) == {"value": 7}
+    assert state_of(nodes, ok.id) == "SUCCESS"
+    # given one that does not, then FAILED with the validation error
+    bad = shaped.apply_async(("seven",), bidding={"output_schema": schema})
+    with pytest.raises(bidding.OutputValidationError, match="at value: 'seven' is not of"):
+        bad.get(timeout=15)
+    assert state_of(nodes, bad.id) == "FAILED"
+    assert [m.kind for m in messages(nodes, bad.id)][-2:] == ["TASK_COMPLETED", "OUTPUT_INVALID"]
+
+
+def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
+    # given a task reporting progress after each of 3 steps
+    result = steps.delay(3, 0.2)
+    assert result.get(timeout=15) == 3
+    # then every report is a PROGRESS_UPDATE message, and status shows the last one
+    updates = [m.detail for m in messages(nodes, result.id) if m.kind == "PROGRESS_UPDATE"]
+    assert [(u["current"], u["total"], u["note"]) for u in updates] == [
+        (1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+    status = bidding.status.task_status(nodes.settings.database_url, result.id)
+    assert status.progress["percent"] == 100.0
+
+
+def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Cluster,
+                                                                       tmp_path: Any) -> None:
+    # given no node with late_skill, and a task that defers every 0.5 s
+    result = late.apply_async((5,), bidding={
+        "fallbacks": {"on_capability_unavailable": "defer", "defer_seconds": 0.5}})
+    assert wait_for(lambda: state_of(nodes, result.id) == "DEFERRED", 5)
+    # when a capable node joins
+    nodes.federation.start([write_profile(tmp_path, "latecomer", ["late_skill"])])
+    nodes.federation.wait_live(nodes.settings, ["latecomer"], timeout=60)
+    # then the task runs there
+    assert result.get(timeout=30)["node"] == "latecomer"
+    kinds = [m.kind for m in messages(nodes, result.id)]
+    assert kinds[0] == "DEFERRED" and "ANNOUNCED" in kinds and kinds[-1] == "TASK_SUCCEEDED"
+    nodes.federation.stop_node("latecomer")
+
+
+def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
+    nodes: Cluster,
+) -> None:
+    # given a 3 s task running on some node
+    key = f"slow-{time.time()}"
+    result = slow.delay(key, 3.0)
+    assert wait_for(lambda: state_of(nodes, result.id) == "EXECUTING", 10)
+    victim = bidding.explain(result.id, app=nodes.app).winner
+    assert victim in NODES
+    # when that node is killed with SIGKILL (no warm shutdown, no heartbeat any more)
+    nodes.federation.kill(victim, signal.SIGKILL)
+    # then, once its heartbeat is older than the TTL, the next-best bidder runs the task
+    value = result.get(timeout=30)
+    assert value["node"] != victim
+    # and the body ran to completion exactly once
+    assert int(nodes.counters.get(f"finished:{key}") or 0) == 1
+    moved = next(m for m in messages(nodes, result.id) if m.kind == "REAWARDED")
+    assert moved.detail["from"] == victim and "stopped heartbeating" in moved.detail["reason"]
+    with read_session(nodes.settings.database_url) as s:
+        lost = s.scalars(select(Episode).where(Episode.task_id == result.id,
+                                               Episode.node == victim)).one()
+    assert lost.success is False
