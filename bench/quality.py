@@ -36,6 +36,7 @@ import os
 import random
 import statistics
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -407,14 +408,19 @@ def _live(profile: NodeProfile, now: float) -> LiveNode:
                     latency_ms=profile.latency_ms, trust=profile.trust, last_heartbeat=now)
 
 
-def simulate(policy: Policy, tasks: list[Task], federation: Sequence[NodeSpec],
-             seed: int) -> Sim:
-    rng = random.Random(seed)
-    specs = {s.name: s for s in federation}
-    sim = Sim(specs, tasks, rng)
-    sim.records = [Record() for _ in tasks]
+def registration_order(federation: Sequence[NodeSpec], seed: int) -> list[str]:
+    """The founders in the order they registered (FIFO's scan order): shuffled per seed."""
     founders = [s.name for s in federation if not s.joins_mid_run]
-    rng.shuffle(founders)  # FIFO's scan order (registration order), fixed per seed
+    random.Random(seed).shuffle(founders)
+    return founders
+
+
+def simulate(policy: Policy, tasks: list[Task], federation: Sequence[NodeSpec],
+             founders: Sequence[str], seed: int) -> Sim:
+    """Run ``policy`` over ``tasks``; ``seed`` is the policy's own random stream."""
+    specs = {s.name: s for s in federation}
+    sim = Sim(specs, tasks, random.Random(seed))
+    sim.records = [Record() for _ in tasks]
     for name in founders:
         sim.join(name)
     for name in specs:
@@ -534,12 +540,14 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
 #    rate with a fixed 0.3 for a newcomer. Production: ``scoring.experience_score``.
 # --------------------------------------------------------------------------------------------
 
+#: A, the optimistic prior's weight in episodes (``--prior-episodes``).
 PRIOR_EPISODES = 2.0
 
 
-def estimated_success(outcomes: Sequence[bool], prior_episodes: float = PRIOR_EPISODES) -> float:
+def estimated_success(outcomes: Sequence[bool], prior_episodes: float | None = None) -> float:
     """Optimistic Beta posterior mean of success: (successes + A) / (n + A)."""
-    return (sum(outcomes) + prior_episodes) / (len(outcomes) + prior_episodes)
+    a = PRIOR_EPISODES if prior_episodes is None else prior_episodes
+    return (sum(outcomes) + a) / (len(outcomes) + a)
 
 
 def slot_share(in_flight: int, capacity: int) -> float:
@@ -607,13 +615,17 @@ TARGETED = ("weighted (default)", "composite", "routing", "P1 weighted, learned 
             "P2 P1 + slot share", "P3 composite, smoothed exp")
 
 
-def run_seed(args: tuple[int, int]) -> dict[str, Metrics]:
-    n_tasks, seed = args
+def run_seed(args: tuple[int, int, float]) -> dict[str, Metrics]:
+    global PRIOR_EPISODES
+    n_tasks, seed, PRIOR_EPISODES = args
     check_federation(FEDERATION)
     tasks = make_tasks(n_tasks, seed, arrival_rate(FEDERATION))
+    founders = registration_order(FEDERATION, seed)
     out = {}
-    for i, (label, factory, _) in enumerate(POLICIES):
-        sim = simulate(factory(), tasks, FEDERATION, seed * 1000 + i)
+    for label, factory, _ in POLICIES:
+        # A policy's own random stream depends on the seed and its label, not its table row.
+        sim = simulate(factory(), tasks, FEDERATION, founders,
+                       seed * 100_003 + zlib.crc32(label.encode()))
         out[label] = measure(sim, FEDERATION)
     return out
 
@@ -779,18 +791,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=1, help="number of seeds (default 1)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
                         help="processes for several seeds (default: CPU count)")
+    parser.add_argument("--prior-episodes", type=float, default=PRIOR_EPISODES,
+                        help="A of the proposals' estimate (successes + A) / (n + A) (default 2)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     seeds = list(range(args.seed, args.seed + args.seeds))
-    jobs = [(args.tasks, s) for s in seeds]
+    jobs = [(args.tasks, s, args.prior_episodes) for s in seeds]
     if args.jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(min(args.jobs, len(seeds))) as pool:
             results = list(pool.map(run_seed, jobs))
     else:
         results = [run_seed(j) for j in jobs]
     print(f"allocation quality: {args.tasks} tasks, seeds {seeds}, warm-up {WARMUP:.0%}, "
-          f"{NEWCOMER} joins at task {args.tasks // 2}")
+          f"{NEWCOMER} joins at task {args.tasks // 2}, "
+          f"proposals' prior A = {args.prior_episodes:g} episodes")
     print(describe_federation())
     print()
     print(markdown(table(results)))

@@ -47,6 +47,8 @@ NO_VALID_BIDS = "No valid bids"
 
 #: Header names carried by an execution message.
 ATTEMPT_HEADER = "bidding_attempt"
+#: Cost differences below this are float rounding, not overspending.
+BUDGET_EPSILON = 1e-9
 #: Decisions re-made when concurrent awards reserve the same nodes; the last one commits as is.
 RESERVATION_TRIES = 3
 NODE_HEADER = "bidding_node"
@@ -58,7 +60,9 @@ def ineligibility(bid: Bid, rfp: Announcement) -> str | None:
         return f"confidence {bid.confidence:.2f} below min_confidence {rfp.min_confidence:.2f}"
     if bid.trust < rfp.min_trust:
         return f"trust {bid.trust:.1f} below min_trust {rfp.min_trust:.1f}"
-    if rfp.budget is not None and bid.cost > rfp.budget - rfp.spent:
+    # A tolerance, so a bid of exactly the budget left is not lost to float rounding
+    # (1.0 - 0.8 is 0.19999999999999996).
+    if rfp.budget is not None and bid.cost > rfp.budget - rfp.spent + BUDGET_EPSILON:
         left = rfp.budget - rfp.spent
         spent = f" ({rfp.spent:.4f} already spent)" if rfp.spent else ""
         return f"cost {bid.cost:.4f} exceeds remaining budget {left:.4f}{spent}"

@@ -22,6 +22,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle
+from bidding.award import BUDGET_EPSILON
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError
 from bidding.models import Announcement
@@ -142,7 +143,7 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
                           expect_node=run.node, at=now, detail={"cost": cost},
                           finished_at=now):
             return Verdict()
-        if rfp.budget is not None and spent > rfp.budget + 1e-9:
+        if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
             reason = f"spent {spent:.4f} of budget {rfp.budget:.4f}"
             transition(session, run.task_id, lifecycle.FAILED, kind=journal.COST_EXCEEDED,
                        expect_attempt=run.attempt, at=now, message_node=run.node,
@@ -187,7 +188,7 @@ def fail(settings: Settings, run: Running, exc: BaseException,
         cost, spent = _charge(session, run, now)
         _episode(session, run, success=False, now=now, cost=cost, error=error)
         plan = plan_retry(rfp, run.node, exc, now, rng)
-        if rfp.budget is not None and spent > rfp.budget + 1e-9:
+        if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
             over = (rfp.budget, spent)
             plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {rfp.budget:.4f}")
         if plan.next is not None and plan.delay is not None:
