@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from bidding import lifecycle
 from bidding.store import read_session
-from bidding.store.schema import Announcement, BidRow
+from bidding.store.schema import Announcement, BidRow, Message
 
 
 class NodeStats(BaseModel):
@@ -56,6 +56,11 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
                    Announcement.awarded_at)
             .where(Announcement.announced_at >= since)
         ).all()
+        awarded_details = session.scalars(
+            select(Message.detail)
+            .join(Announcement, Announcement.task_id == Message.task_id)
+            .where(Announcement.announced_at >= since, Message.kind == "AWARDED")
+        ).all()
         bid_rows = session.execute(
             select(BidRow.node, func.count(), func.avg(BidRow.score),
                    func.sum(func.cast(BidRow.is_winner, _Int)))
@@ -63,7 +68,9 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
             .where(Announcement.announced_at >= since, BidRow.will_bid.is_(True))
             .group_by(BidRow.node)
         ).all()
-    latencies = [(aw - an) * 1000 for _, _, an, aw in rows if aw is not None]
+    # Per auction (a retried task has several): the AWARDED message's latency_ms.
+    latencies = [float(d["latency_ms"]) for d in awarded_details
+                 if d and d.get("latency_ms") is not None]
     per_node: dict[str, dict[str, int]] = {}
     for state, node, _, _ in rows:
         if node is None:

@@ -54,6 +54,8 @@ def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, 
     stream.insert(n // 2, ("plan", ["x"], {"min_confidence": 0.95}))
     stream.insert(2 * n // 3, ("summarize", ["needs a skill nobody has"],
                                {"required_skills": ["quantum_annealing"]}))
+    # A flaky download: the first attempt fails, the retry is a new auction on another node.
+    stream.insert(n // 4, ("extract_text", ["https://example.org/flaky-mirror.pdf"], {}))
     return stream
 
 
@@ -73,7 +75,8 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
             for m in rows:
                 last = m.id
                 ann = session.get(Announcement, m.task_id)
-                bids = session.scalars(select(BidRow).where(BidRow.task_id == m.task_id)).all()
+                bids = session.scalars(select(BidRow).where(
+                    BidRow.task_id == m.task_id, BidRow.attempt == m.attempt)).all()
                 label = names.get(m.task_id, ann.task_type if ann else "?")
                 offers = " ".join(
                     f"{b.node}:{b.score:.2f}" if b.will_bid and b.score is not None
@@ -82,6 +85,8 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
                 )
                 latency = (m.detail or {}).get("latency_ms")
                 took = f" in {latency:.1f} ms" if latency is not None else ""
+                if m.attempt > 1:
+                    label = f"{label} #{m.attempt}"
                 if m.kind == "AWARDED":
                     print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
                           f"-> {m.node} ({(m.detail or {}).get('score') or 0:.2f}){took}",

@@ -18,11 +18,18 @@ def _work(seconds: float) -> None:
     time.sleep(seconds)
 
 
-@app.task(base=bidding.BiddingTask, task_type="extraction",
-          required_skills=["pdf_text_extraction"])
-def extract_text(paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
-    """AITP subtask 1: 'Extract Text from PDF' (the text is derived from the URL here)."""
+@app.task(base=bidding.BiddingTask, bind=True, task_type="extraction",
+          required_skills=["pdf_text_extraction"],
+          retry_policy=bidding.RetryPolicy(max_retries=2, backoff="exponential", base_ms=300))
+def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
+    """AITP subtask 1: 'Extract Text from PDF' (the text is derived from the URL here).
+
+    A URL containing "flaky" fails its first attempt, like a download that times out, to show a
+    retry: a new auction after 300 ms, on another node.
+    """
     _work(0.05)
+    if "flaky" in paper_pdf_url and int(getattr(self.request, "bidding_attempt", 1)) == 1:
+        raise ConnectionError(f"download of {paper_pdf_url} timed out")
     words = re.findall(r"[a-z]+", paper_pdf_url.lower())
     return {"raw_text": " ".join(words * 3), "pages": min(max_pages, 3 + len(words))}
 
