@@ -133,7 +133,11 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if run is None or run.rfp is None:
             return
         info = execution.report_progress(get_settings(self.app), run, current, total, note)
+        # The result backend's state (AsyncResult.state / .info) and, for Flower, which builds
+        # its view from worker events, a custom "task-progress" event (state PROGRESS).
         self.update_state(state="PROGRESS", meta=info)
+        if self.request.hostname:
+            self.send_event("task-progress", **info)
 
     def report_units(self, units: float) -> None:
         """Say how many units this attempt consumed (its cost is the node's price * units)."""
