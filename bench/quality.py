@@ -21,8 +21,14 @@ Common random numbers: every policy sees the same arrivals, contents and per-tas
 draws (a task succeeds on node n when u < p_true[n][type]), so differences come from the
 allocation only.
 
-The PROPOSALS section at the end evaluates changes to the scoring, in the simulation only, by
-passing an alternative bid function that calls ``compute_bid`` and replaces one sub-score.
+The PROPOSALS section below evaluates changes to the scoring in the simulation only, without
+touching ``bidding/``: a bid function that calls ``compute_bid`` and replaces one sub-score, and a
+subclass of the production ``WeightedScore`` that adds one multiplier.
+
+Metrics: success rate (overall and after warm-up), mean completion time, load spread
+(max/mean tasks per founding node), specialization (share of tasks on their type's truly best
+node, per window of 100 tasks) and the share of the second half won by a newcomer that joins at
+mid-run with no history. Plots: ``bench/quality_*.png``.
 
 Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]``.
 """
@@ -238,7 +244,6 @@ class Sim:
     attempts: dict[str, int] = field(default_factory=dict)
     successes: dict[str, int] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
-    busy_time: float = 0.0
     _events: list[tuple[float, int, str, Task]] = field(default_factory=list)
     _seq: int = 0
 
@@ -276,7 +281,6 @@ class Sim:
                     * math.exp(DURATION_SIGMA * task.z_dur - DURATION_SIGMA ** 2 / 2))
         rec = self.records[task.idx]
         rec.node, rec.success, rec.start, rec.finish = node, ok, now, now + duration
-        self.busy_time += duration
         self._seq += 1
         heapq.heappush(self._events, (now + duration, self._seq, node, task))
 
@@ -453,6 +457,16 @@ ROLLING = 200
 
 @dataclass
 class Metrics:
+    """One run of one policy.
+
+    success: share of all tasks that succeeded (an unawarded task counts as failed);
+    success_warm: the same over the tasks after the first WARMUP share; completion_s: mean of
+    finish - arrival (queue wait + duration) over executed tasks; load_ratio: max / mean tasks
+    per node over the founders (the newcomer is there for half the run only);
+    specialization: share of tasks on the truly best capable node for their type among the
+    nodes present; newcomer_share: share of the second half's tasks won by the newcomer.
+    """
+
     success: float
     success_warm: float
     completion_s: float
@@ -461,7 +475,6 @@ class Metrics:
     newcomer_share: float
     newcomer_tasks: int
     unawarded: int
-    utilization: float
     per_node: dict[str, int]
     rolling_success: list[float]
     specialization: list[float]
@@ -483,10 +496,6 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
                for r, t in zip(recs, tasks, strict=True)]
     second = recs[join_idx:]
     newcomer = sum(1 for r in second if r.node == NEWCOMER)
-    span = max((r.finish for r in recs if r.node is not None), default=1.0)
-    capacity_time = sum(s.profile.capacity * (span - (tasks[join_idx].arrival
-                                                      if s.joins_mid_run else 0.0))
-                        for s in federation)
     cum = [0]
     for x in ok:
         cum.append(cum[-1] + x)
@@ -502,7 +511,6 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
         newcomer_share=newcomer / max(1, len(second)),
         newcomer_tasks=newcomer,
         unawarded=sum(1 for r in recs if r.node is None),
-        utilization=sim.busy_time / capacity_time,
         per_node=per_node,
         rolling_success=rolling,
         specialization=[statistics.fmean(on_best[i:i + WINDOW]) for i in windows],
@@ -533,8 +541,8 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
 #    Production: new ``scoring.slot_share(in_flight, capacity)``, applied in
 #    ``strategies.WeightedScore.score`` as ``multipliers["slot_share"]``.
 #    (Putting the share into the bid's confidence instead was tried and rejected: a busy node's
-#    confidence falls under min_confidence, and when all are busy the task fails with
-#    NoBidsError: 46 +- 28 of 3000 tasks over 5 seeds.)
+#    confidence then falls under min_confidence, and when every capable node is busy the task
+#    fails with NoBidsError. Load belongs in the ranking, not in the eligibility.)
 # P3 "composite, smoothed experience" (bid): seed 000's composite unchanged, except that the
 #    experience sub-score is the same estimate, (successes + 2) / (n + 2), instead of the raw
 #    rate with a fixed 0.3 for a newcomer. Production: ``scoring.experience_score``.
@@ -707,7 +715,8 @@ def plot(results: list[dict[str, Metrics]], n_tasks: int, seeds: Sequence[int]) 
     labels = [label for label, _, _ in POLICIES]
     styles = {label: {"base": "-", "ref": ":", "proposal": "--"}[kind]
               for label, _, kind in POLICIES}
-    colors = {label: plt.get_cmap("tab10")(i % 10) for i, label in enumerate(labels)}
+    palette = [*(plt.get_cmap("tab10")(i) for i in range(10)), "black", "gold"]
+    colors = dict(zip(labels, palette, strict=False))
     join = n_tasks // 2
     suffix = f"{len(seeds)} seed(s) {seeds[0]}..{seeds[-1]}, {n_tasks} tasks"
 
@@ -720,7 +729,8 @@ def plot(results: list[dict[str, Metrics]], n_tasks: int, seeds: Sequence[int]) 
     for label in labels:
         ax.plot(range(n_tasks), [100 * v for v in avg("rolling_success", label)],
                 styles[label], color=colors[label], label=label, linewidth=1.3)
-    ax.axvline(int(n_tasks * WARMUP), color="grey", linestyle=":", label="end of warm-up")
+    ax.axvline(int(n_tasks * WARMUP), color="red", linestyle="-.", alpha=0.5,
+               label="end of warm-up")
     ax.axvline(join, color="black", linestyle=":", label=f"{NEWCOMER} joins")
     ax.set(xlabel="task (arrival order)", ylabel=f"success % (rolling {ROLLING} tasks)",
            title=f"Success rate over time ({suffix})")

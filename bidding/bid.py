@@ -67,7 +67,7 @@ def compute_bid(
         capability=capability,
         experience=scoring.experience_score(history.outcomes),
         load=scoring.load_score(history.in_flight, profile.capacity),
-        confidence=scoring.confidence_score(rfp.content),
+        confidence=scoring.estimated_success(history.outcomes),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scoring.learned_trust(profile.trust, history.successes, history.attempts),
@@ -80,6 +80,7 @@ def compute_bid(
             f"at {cost:.4f} for {rfp.units:g} unit(s), ~{profile.latency_ms:.0f} ms latency, "
             f"{history.in_flight}/{profile.capacity} busy"
         ),
+        metadata={"content_confidence": scoring.confidence_score(rfp.content)},
         bid_at=now,
     )
 

@@ -70,6 +70,32 @@ def confidence_score(content: str) -> float:
     return 0.5
 
 
+#: Weight, in episodes, of the prior in a node's estimate of its success on a task type.
+SUCCESS_PRIOR_EPISODES = 2.0
+
+
+def estimated_success(outcomes: Sequence[bool], prior: float = 1.0,
+                      weight: float = SUCCESS_PRIOR_EPISODES) -> float:
+    """A node's confidence: its success rate on this task type, smoothed toward ``prior``.
+
+    ``(successes + weight * prior) / (n + weight)`` (a Beta-prior mean). The default prior is
+    optimistic (1.0): a node with no record of a task type bids as if it could do it, so a
+    newcomer gets tried and earns a history; failures then lower its confidence quickly
+    (bench/quality.py measured this against the seed 000 heuristic as the prior: it meets the
+    load-spread target, which that one misses).
+    """
+    n = len(outcomes)
+    return (sum(1 for ok in outcomes if ok) + weight * prior) / (n + weight)
+
+
+def slot_share(in_flight: int, capacity: int) -> float:
+    """How much of a free slot the task would get: 1 while the node has a free slot, then
+    ``capacity / (in_flight + 1)``, so a full node wins only when it is proportionally better."""
+    if capacity <= 0:
+        return 0.0
+    return min(1.0, capacity / (in_flight + 1))
+
+
 def learned_trust(declared: float, successes: int, attempts: int) -> float:
     """Trust 0-100: the declared trust, moved toward the observed success rate as episodes accrue.
 

@@ -162,16 +162,22 @@ class BestSkillMatch(_Scored):
 
 @dataclass
 class WeightedScore(_Scored):
-    """Seed 003 3.3, the default: ``0.6 * confidence + 0.4 * skill match``.
+    """Seed 003 3.3, the default: ``0.6 * confidence + 0.4 * skill match``, x slot share.
 
     Without required skills the seeds disagree (001: bare confidence; 003: confidence * 0.6).
     We follow seed 001: the score is the bare confidence, so it stays on the same 0-1 scale as
     a fully matched bid's; the ranking is the same either way.
+
+    ``slot_share`` (our addition, on by default) multiplies the score by
+    ``min(1, capacity / (in_flight + 1))``: among nodes with a free slot the best estimate wins,
+    and a full node wins only when it is proportionally better, instead of queueing work behind
+    its busy slots (bench/quality.py: P2). ``WeightedScore(slot_share=False)`` is seed 003's form.
     """
 
     name: ClassVar[str] = "weighted"
     confidence_weight: float = 0.6
     skill_weight: float = 0.4
+    slot_share: bool = True
 
     def __post_init__(self) -> None:
         for label, w in (("confidence_weight", self.confidence_weight),
@@ -182,16 +188,23 @@ class WeightedScore(_Scored):
     def score(
         self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
-        """Weighted confidence and skill match; bare confidence when no skill is required."""
+        """Weighted confidence and skill match (bare confidence when no skill is required),
+        times the slot share."""
         if not rfp.required_skills:
-            return Score(node=bid.node, total=bid.confidence,
-                         terms={"confidence": bid.confidence})
-        match = scoring.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
-        terms = {
-            "confidence": self.confidence_weight * bid.confidence,
-            "skill_match": self.skill_weight * match,
-        }
-        return Score(node=bid.node, total=sum(terms.values()), terms=terms)
+            terms = {"confidence": bid.confidence}
+        else:
+            match = scoring.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
+            terms = {
+                "confidence": self.confidence_weight * bid.confidence,
+                "skill_match": self.skill_weight * match,
+            }
+        total = sum(terms.values())
+        multipliers: dict[str, float] = {}
+        share = scoring.slot_share(bid.in_flight, bid.capacity) if self.slot_share else 1.0
+        if share < 1.0:
+            multipliers["slot_share"] = share
+            total *= share
+        return Score(node=bid.node, total=total, terms=terms, multipliers=multipliers)
 
 
 @dataclass

@@ -115,17 +115,29 @@ def test_no_bidders_registered(cluster: Cluster) -> None:
 
 
 def test_no_valid_bid_fails_or_falls_back_as_configured(cluster: Cluster) -> None:
-    # given bids that cannot reach min_confidence 0.99 (seed 000's heuristic gives 0.9)
-    failed = shared.apply_async((1,), bidding={"min_confidence": 0.99, "no_bid": "fail"})
-    fallback = shared.apply_async((2,), bidding={"min_confidence": 0.99, "no_bid": "fallback"})
-    # then "fail" gives seed 001's error ...
-    with pytest.raises(bidding.NoBidsError, match="No bids met minimum confidence"):
+    # given bids that cannot reach min_trust 100 (the nodes declare 70)
+    failed = shared.apply_async((1,), bidding={"min_trust": 100, "no_bid": "fail"})
+    fallback = shared.apply_async((2,), bidding={"min_trust": 100, "no_bid": "fallback"})
+    # then "fail" gives a clear error naming each bid's reason ...
+    with pytest.raises(bidding.NoBidsError, match=r"No valid bids: .*below min_trust 100"):
         failed.get(timeout=15)
     # ... and "fallback" assigns the task to a live node (seed 000) and it runs
     assert fallback.get(timeout=15)["value"] == 2
     why = bidding.explain(fallback.id, app=cluster.app)
     assert why.outcome == "fallback"
-    assert all("below min_confidence" in b.breakdown["reason"] for b in why.bids)
+    assert all("below min_trust" in b.breakdown["reason"] for b in why.bids)
+
+
+def test_no_confident_bid_gives_seed_001s_error(cluster: Cluster) -> None:
+    # given a task type every node has failed before (two failures: confidence (0+2)/(2+2))
+    for _ in range(2 * len(NODES)):
+        with pytest.raises(ValueError):
+            failing.delay("warm-up").get(timeout=15)
+    # when it is announced with min_confidence 0.9
+    result = failing.apply_async(("x",), bidding={"min_confidence": 0.9})
+    # then seed 001's outcome arrives
+    with pytest.raises(bidding.NoBidsError, match="No bids met minimum confidence"):
+        result.get(timeout=15)
 
 
 def test_a_failing_task_reaches_the_caller_and_is_recorded(cluster: Cluster) -> None:

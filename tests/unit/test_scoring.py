@@ -272,3 +272,29 @@ def test_estimated_cost_is_price_times_units():
     # given a price of 0.02 per unit and 150 units
     # then the cost is 3.0
     assert scoring.estimated_cost(0.02, 150) == pytest.approx(3.0)
+
+
+def test_estimated_success_is_optimistic_without_history():
+    # given no record, a node bids as if it could do it (so a newcomer gets tried)
+    assert scoring.estimated_success(()) == 1.0
+    # and two failures bring it to 0.5: (0 + 2) / (2 + 2)
+    assert scoring.estimated_success((False, False)) == 0.5
+
+
+def test_estimated_success_starts_at_the_prior_and_learns():
+    # given no history, the estimate is the prior (seed 000's content heuristic)
+    assert scoring.estimated_success((), 0.9) == 0.9
+    # given 10 successes of 10, it rises toward 1: (10 + 1.8) / 12
+    assert scoring.estimated_success((True,) * 10, 0.9) == pytest.approx(11.8 / 12)
+    # given 10 failures of 10, it falls below min_confidence 0.5: 1.8 / 12
+    assert scoring.estimated_success((False,) * 10, 0.9) == pytest.approx(0.15)
+    # and a heavier prior moves slower
+    assert scoring.estimated_success((False,), 0.9, weight=8) == pytest.approx(7.2 / 9)
+
+
+def test_slot_share_is_one_with_a_free_slot_then_shrinks():
+    assert scoring.slot_share(0, 4) == 1.0
+    assert scoring.slot_share(3, 4) == 1.0  # the fourth slot is free
+    assert scoring.slot_share(4, 4) == pytest.approx(0.8)  # queued behind 4: 4/5
+    assert scoring.slot_share(7, 4) == pytest.approx(0.5)
+    assert scoring.slot_share(0, 0) == 0.0

@@ -734,3 +734,18 @@ def test_ties_go_to_the_least_busy_node_before_chance():
     assert winners == {"idle-a", "idle-b"}
     # and through a strategy, equal scores resolve the same way
     assert HighestConfidence(rng=random.Random(1)).select(bids[:2], make_rfp(), {}).node == "half"
+
+
+def test_weighted_score_prefers_a_free_slot_over_a_slightly_better_full_node():
+    # given a full node with a better record and an idle one slightly worse
+    full = make_bid("full", confidence=0.95, in_flight=4, capacity=4)
+    idle = make_bid("idle", confidence=0.85, in_flight=0, capacity=4)
+    rfp = make_rfp(required_skills=["x"])
+    caps = {b.node: NodeCapability(node=b.node, skills=["x"]) for b in (full, idle)}
+    # when scored, then the full node's score is scaled by its slot share 4/5 and the idle wins
+    scores = WeightedScore().score_all([full, idle], rfp, caps)
+    assert scores[0].multipliers == {"slot_share": pytest.approx(0.8)}
+    assert scores[0].total == pytest.approx((0.6 * 0.95 + 0.4) * 0.8)
+    assert WeightedScore().select([full, idle], rfp, caps).node == "idle"
+    # and seed 003's plain form (slot_share=False) picks the better record
+    assert WeightedScore(slot_share=False).select([full, idle], rfp, caps).node == "full"
