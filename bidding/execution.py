@@ -195,14 +195,7 @@ def fail(settings: Settings, run: Running, exc: BaseException,
             journal.record(session, run.task_id, journal.TASK_FAILED, node=run.node,
                            attempt=run.attempt, at=now, error=error, will_retry=True)
             nxt = plan.next.model_copy(update={"spent": spent})
-            moved = transition(
-                session, run.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
-                expect_attempt=run.attempt, expect_node=run.node, at=now,
-                detail={"error": error, "delay_s": round(plan.delay, 3), "why": plan.why,
-                        "next_attempt": nxt.attempt},
-                attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + plan.delay,
-                assigned_node=None, error=error,
-            )
+            moved = _to_retrying(session, run, nxt, now, plan.delay, plan.why, error=error)
             return Verdict(retry_in=plan.delay) if moved else Verdict()
         kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
         transition(session, run.task_id, lifecycle.FAILED, kind=kind,
@@ -228,11 +221,8 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
                rng: random.Random | None = None) -> RetryPlan:
     """Decide what follows a failed attempt (pure): AITP 6.1 retries and 6.2 on_timeout."""
     failures = rfp.failures + 1
-    exclude = list(rfp.exclude_nodes)
-    if not rfp.retry_same_node and node not in exclude:
-        exclude.append(node)
-    base = {"attempt": rfp.attempt + 1, "failures": failures, "exclude_nodes": exclude,
-            "announced_at": now}
+    base = {"attempt": rfp.attempt + 1, "failures": failures,
+            "exclude_nodes": retry_exclusions(rfp, node), "announced_at": now}
     if rfp.deadline is not None and now >= rfp.deadline:
         return RetryPlan(None, None, "deadline passed")
     if isinstance(exc, SoftTimeLimitExceeded):
@@ -272,20 +262,35 @@ def retry_requested(settings: Settings, run: Running, delay: float) -> bool:
         return False
     now = time.time()
     rfp = run.rfp
-    exclude = list(rfp.exclude_nodes)
-    if not rfp.retry_same_node and run.node not in exclude:
-        exclude.append(run.node)
     nxt = rfp.model_copy(update={"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
-                                 "exclude_nodes": exclude, "announced_at": now})
+                                 "exclude_nodes": retry_exclusions(rfp, run.node),
+                                 "announced_at": now})
     with write_session(settings.database_url) as session:
-        return transition(
-            session, run.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
-            expect_attempt=run.attempt, expect_node=run.node, at=now,
-            detail={"delay_s": round(delay, 3), "why": "the task called self.retry()",
-                    "next_attempt": nxt.attempt},
-            attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + delay,
-            assigned_node=None,
-        )
+        return _to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
+
+
+def retry_exclusions(rfp: Announcement, node: str) -> list[str]:
+    """The nodes a retry must avoid: those already excluded, plus ``node`` unless the task
+    may retry on the same node."""
+    exclude = list(rfp.exclude_nodes)
+    if not rfp.retry_same_node and node not in exclude:
+        exclude.append(node)
+    return exclude
+
+
+def _to_retrying(session: Session, run: Running, nxt: Announcement, now: float, delay: float,
+                 why: str, error: str | None = None) -> bool:
+    """EXECUTING -> RETRYING: the next attempt's spec, announced again at ``now + delay``."""
+    detail: dict[str, Any] = {"delay_s": round(delay, 3), "why": why,
+                              "next_attempt": nxt.attempt}
+    if error is not None:
+        detail["error"] = error
+    return transition(
+        session, run.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+        expect_attempt=run.attempt, expect_node=run.node, at=now, detail=detail,
+        attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + delay,
+        assigned_node=None, error=error,
+    )
 
 
 def report_progress(settings: Settings, run: Running, current: float, total: float,
