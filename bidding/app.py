@@ -22,7 +22,7 @@ from bidding.registry import Heartbeat
 from bidding.settings import get_settings
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
-from bidding.sweeper import sweep
+from bidding.sweeper import sweep, sweep_interval
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +100,13 @@ class SweeperStep(_NodeLoopStep):
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
         app = consumer.app
-        self.loop = Periodic("bidding-sweeper", self.settings.sweep_interval,
-                             lambda: sweep(self.settings, app), jitter=0.25)
+        self.alive = 1
+
+        def run() -> None:
+            self.alive = sweep(self.settings, app)
+
+        self.loop = Periodic("bidding-sweeper", lambda: sweep_interval(self.settings, self.alive),
+                             run, jitter=0.25)
 
     def start(self, consumer: Any) -> None:
         """Start sweeping."""

@@ -13,17 +13,22 @@ logger = logging.getLogger(__name__)
 class Periodic:
     """Call ``fn`` every ``interval`` seconds (with up to ``jitter`` fraction of randomness).
 
+    ``interval`` may be a function, asked before every wait (e.g. to scale with the federation).
+
     Errors are logged and the loop goes on: a store hiccup must not silence a node for good.
     """
 
-    def __init__(self, name: str, interval: float, fn: Callable[[], object],
-                 jitter: float = 0.0) -> None:
+    def __init__(self, name: str, interval: float | Callable[[], float],
+                 fn: Callable[[], object], jitter: float = 0.0) -> None:
         self.name = name
         self.interval = interval
         self.fn = fn
         self.jitter = jitter
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _interval(self) -> float:
+        return self.interval() if callable(self.interval) else self.interval
 
     @property
     def running(self) -> bool:
@@ -43,11 +48,11 @@ class Periodic:
         """Stop the loop and wait for the current call to finish."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=self.interval + 5 if timeout is None else timeout)
+            self._thread.join(timeout=self._interval() + 5 if timeout is None else timeout)
             self._thread = None
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.interval * (1 + random.uniform(-self.jitter, self.jitter))):
+        while not stop.wait(self._interval() * (1 + random.uniform(-self.jitter, self.jitter))):
             try:
                 self.fn()
             except Exception:

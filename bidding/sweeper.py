@@ -36,16 +36,32 @@ from bidding.transition import transition
 logger = logging.getLogger(__name__)
 
 
-def sweep(settings: Settings, app: Celery) -> None:
-    """One sweep: close expired auctions, announce due tasks, watch winners."""
+#: Sweeps per ``bidding_sweep_interval`` across the whole federation, on average: each node's
+#: interval grows with the number of live nodes, so 64 idle nodes cost what 4 do.
+SWEEPS_PER_INTERVAL = 4
+
+
+def sweep(settings: Settings, app: Celery) -> int:
+    """One sweep: close expired auctions, announce due tasks, watch winners.
+
+    Returns the number of nodes alive, which sets the next sweep's interval.
+    """
     close_expired(settings, app)
     announce_due(settings, app)
-    check_winners(settings, app)
+    return check_winners(settings, app)[1]
+
+
+def sweep_interval(settings: Settings, alive: int) -> float:
+    """This node's seconds between sweeps when ``alive`` nodes sweep too."""
+    return settings.sweep_interval * max(1.0, alive / SWEEPS_PER_INTERVAL)
 
 
 def check_winners(settings: Settings, app: Celery, now: float | None = None,
-                  limit: int = 100) -> int:
-    """Re-place tasks whose winner is dead or late to start; returns how many were moved."""
+                  limit: int = 100) -> tuple[int, int]:
+    """Re-place tasks whose winner is dead or late to start.
+
+    Returns how many were moved, and how many nodes are alive.
+    """
     now = time.time() if now is None else now
     cutoff = dead_after(settings, now)
     with read_session(settings.database_url) as session:
@@ -68,7 +84,7 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         rfp = Announcement.model_validate(spec)
         if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now):
             moved += 1
-    return moved
+    return moved, len(alive)
 
 
 def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,

@@ -20,7 +20,6 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
-from sqlalchemy.pool import NullPool
 
 _WRITE_OPTION = "bidding_write"
 _lock = threading.Lock()
@@ -53,8 +52,10 @@ def is_sqlite(url: str) -> bool:
 def _build(url: str) -> _Engines:
     kwargs: dict[str, Any] = {"future": True}
     if is_sqlite(url):
-        # Each connection is cheap on SQLite; NullPool avoids holding file handles across forks.
-        kwargs["poolclass"] = NullPool
+        # Pooled per process (engines are rebuilt after a fork): reconnecting and re-running the
+        # PRAGMAs for every session cost more than the query itself (bench/latency.py profile).
+        kwargs["pool_size"] = 8
+        kwargs["max_overflow"] = 16
         kwargs["connect_args"] = {"timeout": 30, "check_same_thread": False}
     else:
         kwargs["pool_pre_ping"] = True
