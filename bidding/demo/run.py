@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         print("all nodes live; submitting tasks\n")
         started = time.time()
         printer.start()
-        results = []
+        results: list[tuple[str, Any]] = []
         for name, call_args, options in _stream(random.Random(args.seed), args.tasks):
             task = getattr(tasks, name)
             if "min_confidence" in options:
