@@ -249,6 +249,28 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
                      f"retry {failures} of {policy.max_retries}")
 
 
+def hard_timeout(settings: Settings, task_id: str, error: str) -> bool:
+    """The pool process was killed at the hard time limit: the attempt is FAILED.
+
+    Called in the worker's main process (Celery reports hard timeouts there). Celery has already
+    stored the failure for the caller, so this is final: no retry is planned, and the store
+    agrees with what ``.get()`` saw.
+    """
+    now = time.time()
+    with write_session(settings.database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None or row.state != lifecycle.EXECUTING or row.assigned_node is None:
+            return False
+        rfp = Announcement.model_validate(row.spec)
+        run = Running(task_id, row.attempt, row.assigned_node, Start.FIRST, rfp,
+                      began=time.monotonic() - (now - (row.started_at or now)))
+        _episode(session, run, success=False, now=now, cost=0.0, error=error)
+        return transition(session, task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
+                          expect_attempt=row.attempt, expect_node=row.assigned_node, at=now,
+                          detail={"error": error, "why": "hard time limit"}, error=error,
+                          finished_at=now)
+
+
 def _notify_cost(settings: Settings, run: Running, budget: float, spent: float) -> None:
     from bidding.signals import cost_exceeded, notify
 

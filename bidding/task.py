@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from celery import Task
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
 
 from bidding import execution
@@ -125,6 +125,13 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if verdict.error is not None:
             raise verdict.error
         return result
+
+    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
+                   einfo: Any) -> None:
+        """Record a hard time limit (reported by Celery in the worker's main process)."""
+        if isinstance(exc, TimeLimitExceeded):
+            execution.hard_timeout(get_settings(self.app), task_id,
+                                   f"TimeLimitExceeded: hard time limit ({exc}) exceeded")
 
     def progress(self, current: float, total: float, note: str = "") -> None:
         """Report progress from the body (AITP 5.3): a PROGRESS_UPDATE message, the task's

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -147,3 +148,15 @@ def late(self: Any, value: Any) -> dict[str, Any]:
 def ghostly(self: Any, value: Any) -> dict[str, Any]:
     """The ghost (a node that bids but never runs anything) matches this best."""
     return _run(self, value, 0.0)
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="stubborn", required_skills=["shared"])
+def stubborn(self: Any, seconds: float) -> str:
+    """Ignores its soft time limit, so only the hard limit stops it."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with contextlib.suppress(SoftTimeLimitExceeded):
+            time.sleep(0.05)
+    return "finished"

@@ -33,6 +33,7 @@ from tests.integration.app import (
     sleepy,
     slow,
     steps,
+    stubborn,
 )
 from tests.integration.conftest import NODES, Cluster, running_cluster, wait_for, write_profile
 
@@ -72,7 +73,7 @@ def nodes(redis_broker: str, webhook: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("cluster-lifecycle")
     env = {"BIDDING_HEARTBEAT_TTL": str(TTL), "BIDDING_HEARTBEAT_INTERVAL": "0.5",
-           "BIDDING_NOTIFY_URL": webhook}
+           "BIDDING_NOTIFY_URL": webhook, "BIDDING_HARD_TIMEOUT_GRACE": "0.5"}
     with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
                          extra_env=env) as cluster:
         yield cluster
@@ -206,6 +207,23 @@ def test_a_soft_time_limit_is_retried_with_the_extended_limit(nodes: Cluster) ->
     with read_session(nodes.settings.database_url) as s:
         row = s.get(Announcement, result.id)
         assert row is not None and row.spec["timeout_seconds"] == 5
+
+
+def test_a_hard_time_limit_fails_the_task_for_the_caller_and_in_the_store(
+    nodes: Cluster,
+) -> None:
+    # given a task that ignores its 0.5 s soft limit (the hard limit follows 0.5 s later)
+    result = stubborn.apply_async((5.0,), bidding={"timeout_seconds": 0.5,
+                                                   "fallbacks": {"on_timeout": "fail"}})
+    # then Celery kills it at the hard limit and the caller sees TimeLimitExceeded ...
+    from celery.exceptions import TimeLimitExceeded
+
+    with pytest.raises(TimeLimitExceeded):
+        result.get(timeout=15)
+    # ... and the store agrees: FAILED, with the reason, not EXECUTING for ever
+    assert wait_for(lambda: state_of(nodes, result.id) == "FAILED", 5)
+    last = messages(nodes, result.id)[-1]
+    assert last.kind == "TASK_FAILED" and last.detail["why"] == "hard time limit"
 
 
 def test_a_budget_overrun_fails_the_task_and_notifies(nodes: Cluster) -> None:
