@@ -21,6 +21,7 @@ from typing import Any
 from celery import Celery
 
 import bidding
+from bidding.settings import celery_conf
 
 BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every benchmark node has and the bidding task requires.
@@ -30,14 +31,7 @@ PLAIN_QUEUE = "plain"
 
 app = Celery("bidding_bench")
 app.conf.update(
-    broker_url=BROKER,
-    result_backend=BROKER,
-    task_serializer="json",
-    result_serializer="json",
-    accept_content=["json"],
-    result_accept_content=["json"],
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
+    **celery_conf(BROKER),
     worker_hijack_root_logger=False,
     task_routes={"bench.app.noop": {"queue": PLAIN_QUEUE}},
 )

@@ -22,6 +22,7 @@ from celery import Celery
 from celery.signals import celeryd_after_setup
 
 import bidding
+from bidding.settings import celery_conf
 
 BROKER = os.environ.get("FIFO_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every node has and ``bid_work`` requires.
@@ -38,14 +39,7 @@ TRUE_P: dict[str, dict[str, float]] = {
 
 app = Celery("bidding_fifo_bench")
 app.conf.update(
-    broker_url=BROKER,
-    result_backend=BROKER,
-    task_serializer="json",
-    result_serializer="json",
-    accept_content=["json"],
-    result_accept_content=["json"],
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
+    **celery_conf(BROKER),
     worker_hijack_root_logger=False,
     result_extended=True,  # the result meta names the worker, also for failures
     task_routes={"bench.fifo_app.fifo_work": {"queue": FIFO_QUEUE}},

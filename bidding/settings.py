@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
 from bidding.config import Settings, load_settings
@@ -26,6 +28,21 @@ def reset_settings(app: Celery) -> None:
     """Forget cached settings (after changing ``app.conf`` in tests)."""
     if hasattr(app, _ATTR):
         delattr(app, _ATTR)
+
+
+def celery_conf(broker_url: str, result_backend: str | None = None) -> dict[str, Any]:
+    """The Celery settings a bidding app's nodes want: JSON only (what ``check_json_only``
+    enforces), executions fetched one at a time, and broker retries at start-up."""
+    return {
+        "broker_url": broker_url,
+        "result_backend": result_backend or broker_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+    }
 
 
 def check_json_only(app: Celery) -> None:

@@ -27,7 +27,7 @@ from bidding.award import close_expired, send_execution, start_by
 from bidding.config import Settings
 from bidding.errors import NodeLostError
 from bidding.models import Announcement
-from bidding.registry import dead_after
+from bidding.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Episode, Node
@@ -66,8 +66,6 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
     cutoff = dead_after(settings, now)
     with read_session(settings.database_url) as session:
         alive = set(session.scalars(select(Node.name).where(Node.last_heartbeat >= cutoff)))
-        live = set(session.scalars(select(Node.name).where(Node.last_heartbeat >= cutoff,
-                                                           Node.status == "online")))
         rows = session.execute(
             select(AnnouncementRow.attempt, AnnouncementRow.assigned_node,
                    AnnouncementRow.state, AnnouncementRow.spec)
@@ -77,6 +75,7 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
                             AnnouncementRow.due_at <= now)))
             .limit(limit)
         ).all()
+    live = {n.name for n in query_live_nodes(settings, now)}
     moved = 0
     for attempt, node, state, spec in rows:
         reason = (f"node {node} stopped heartbeating" if node not in alive

@@ -11,6 +11,7 @@ import redis
 from celery import Celery
 
 import bidding
+from bidding.settings import celery_conf
 
 BROKER = os.environ.get("BIDDING_IT_BROKER", "redis://127.0.0.1:6379/11")
 BACKEND = os.environ.get("BIDDING_IT_BACKEND", BROKER)
@@ -19,14 +20,7 @@ COUNTERS = os.environ.get("BIDDING_IT_COUNTERS", "redis://127.0.0.1:6379/12")
 
 app = Celery("bidding_it")
 app.conf.update(
-    broker_url=BROKER,
-    result_backend=BACKEND,
-    task_serializer="json",
-    result_serializer="json",
-    accept_content=["json"],
-    result_accept_content=["json"],
-    worker_prefetch_multiplier=1,
-    broker_connection_retry_on_startup=True,
+    **celery_conf(BROKER, BACKEND),
     worker_hijack_root_logger=False,
     bidding_window=float(os.environ.get("BIDDING_IT_WINDOW", "1.0")),
 )

@@ -58,3 +58,17 @@ def test_a_misspelt_setting_is_refused_with_the_valid_names() -> None:
     # given a typo in a bidding setting, then the first use names it and lists the valid ones
     with pytest.raises(ConfigurationError, match=r"bidding_windwo.*bidding_window"):
         get_settings(make_app(bidding_windwo=1.0))
+
+
+def test_celery_conf_is_accepted_by_the_json_only_check() -> None:
+    # given an app configured with bidding's recommended Celery settings
+    from bidding.settings import celery_conf
+
+    app = Celery("t", set_as_current=False)
+    app.conf.update(celery_conf("memory://", "cache+memory://"))
+    # then it passes the JSON-only check, fetches one message at a time, keeps both URLs
+    check_json_only(app)
+    assert app.conf.worker_prefetch_multiplier == 1
+    assert (app.conf.broker_url, app.conf.result_backend) == ("memory://", "cache+memory://")
+    # and the backend defaults to the broker
+    assert celery_conf("redis://h/0")["result_backend"] == "redis://h/0"
