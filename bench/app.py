@@ -38,14 +38,15 @@ app.conf.update(
 bidding.install(app)
 
 
-@app.task(name="bench.app.noop")
+@app.task(name="bench.app.noop")  # type: ignore[untyped-decorator]  # Celery is untyped
 def noop(value: Any = None) -> Any:
     """A plain Celery task that does nothing."""
     return value
 
 
-@app.task(name="bench.app.auction_noop", base=bidding.BiddingTask, task_type="bench_noop",
-          required_skills=[SKILL])
+@app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
+    name="bench.app.auction_noop", base=bidding.BiddingTask, task_type="bench_noop",
+    required_skills=[SKILL])
 def auction_noop(value: Any = None) -> Any:
     """The same no-op, auctioned among the benchmark nodes."""
     return value

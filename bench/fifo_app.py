@@ -47,7 +47,7 @@ app.conf.update(
 bidding.install(app)
 
 
-@celeryd_after_setup.connect
+@celeryd_after_setup.connect  # type: ignore[untyped-decorator]  # Celery is untyped
 def _consume_fifo(sender: Any, instance: Any, **kwargs: Any) -> None:
     """Every node worker also consumes the FIFO queue (besides its exec.<node> queue)."""
     instance.app.amqp.queues.select_add(FIFO_QUEUE)
@@ -62,14 +62,15 @@ def _work(task: Any, task_type: str, key: str) -> dict[str, Any]:
     raise RuntimeError("failed")
 
 
-@app.task(name="bench.fifo_app.fifo_work", bind=True)
+@app.task(name="bench.fifo_app.fifo_work", bind=True)  # type: ignore[untyped-decorator]
 def fifo_work(self: Any, task_type: str, key: str) -> dict[str, Any]:
     """The work as a plain Celery task (queue ``fifo``: the first free node takes it)."""
     return _work(self, task_type, key)
 
 
-@app.task(name="bench.fifo_app.bid_work", bind=True, base=bidding.BiddingTask,
-          task_type="work", required_skills=[SKILL])
+@app.task(  # type: ignore[untyped-decorator]  # Celery is untyped
+    name="bench.fifo_app.bid_work", bind=True, base=bidding.BiddingTask, task_type="work",
+    required_skills=[SKILL])
 def bid_work(self: Any, task_type: str, key: str) -> dict[str, Any]:
     """The same work, auctioned; call with ``bidding={"task_type": t}``."""
     return _work(self, task_type, key)

@@ -38,8 +38,9 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -59,7 +60,7 @@ CALLER_FUNCTIONS = [
 ]
 #: Node-side functions whose inclusive py-spy samples are reported.
 NODE_FUNCTIONS = [
-    "answer", "place_bid", "gather_history", "receive_bid", "close_auction", "in_flight_counts",
+    "answer", "place_bid", "gather_history", "record_answer", "close_auction", "in_flight_counts",
     "_commit_award", "send_execution", "begin", "finish", "model_validate", "connect",
     "_on_connect", "commit", "close_expired", "heartbeat", "on_message", "trace_task",
 ]
@@ -172,6 +173,27 @@ class SkipBackend(Exception):
     """The backend is not available here (e.g. no Redis on 127.0.0.1:6379)."""
 
 
+@contextlib.contextmanager
+def fresh_postgres(server_url: str) -> Iterator[str]:
+    """A new, empty PostgreSQL database on ``server_url``, dropped afterwards."""
+    import sqlalchemy as sa
+
+    from bidding.store.engine import dispose_all, normalize_url
+
+    name = f"bidding_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(normalize_url(server_url), isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield sa.engine.make_url(normalize_url(server_url)).set(database=name).render_as_string(
+            hide_password=False)
+    finally:
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
 class Bench:
     """One backend's run: the workers it started and everything it measured."""
 
@@ -192,6 +214,8 @@ class Bench:
         with contextlib.ExitStack() as stack:
             url = self._broker(stack)
             db_url = f"sqlite:///{self.tmp / 'store.db'}"
+            if args.store and args.backend == "redis":
+                db_url = stack.enter_context(fresh_postgres(args.store))
             env = {
                 "BENCH_BROKER": url,
                 "BIDDING_DATABASE_URL": db_url,
@@ -253,7 +277,7 @@ class Bench:
         import redis
 
         if self.args.backend == "redis":
-            url = self.args.redis_url
+            url: str = self.args.redis_url
             client = redis.Redis.from_url(url, socket_connect_timeout=2)
             try:
                 client.ping()
@@ -373,7 +397,9 @@ class Bench:
         from bidding.store.schema import Announcement, BidRow, Message
 
         ids = [r["id"] for r in records]
-        rows, bids, msgs = {}, {}, defaultdict(dict)
+        rows: dict[str, tuple[float, float | None, str | None, str | None, int]] = {}
+        bids: dict[str, tuple[float, float, int]] = {}
+        msgs: defaultdict[str, dict[str, float]] = defaultdict(dict)
         with read_session(self.settings.database_url) as session:
             for chunk in range(0, len(ids), 400):
                 part = ids[chunk:chunk + 400]
@@ -392,12 +418,17 @@ class Bench:
                                Message.kind.in_(("TASK_ACCEPTED", "TASK_COMPLETED")))):
                     msgs[tid].setdefault(kind, at)
         phases: dict[str, list[float]] = defaultdict(list)
-        assign, closed_by, winners, candidates = [], Counter(), Counter(), []
+        assign: list[float] = []
+        closed_by: Counter[str] = Counter()
+        winners: Counter[str | None] = Counter()
+        candidates: list[int] = []
         for r in records:
             row = rows.get(r["id"])
-            if row is None or row[1] is None:
+            if row is None:
                 continue
             announced, awarded, closed, winner, ncand = row
+            if awarded is None:
+                continue
             candidates.append(ncand)
             closed_by[closed or "?"] += 1
             winners[winner] += 1
@@ -695,7 +726,7 @@ class Bench:
     def _pyspy_summary(self, files: list[Path], auctions: int) -> dict[str, Any]:
         if not files:
             return {}
-        rate = self.args.spy_rate
+        rate: int = self.args.spy_rate
         inclusive: dict[str, int] = defaultdict(int)
         self_samples: dict[str, int] = defaultdict(int)
         total = 0
@@ -1069,7 +1100,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--heartbeat-interval", type=float, default=5.0,
                         help="BIDDING_HEARTBEAT_INTERVAL (default 5; ttl is 6x)")
     parser.add_argument("--candidate-cap", type=int, default=None,
-                        help="BIDDING_CANDIDATE_CAP (default: the library's, 16)")
+                        help="BIDDING_CANDIDATE_CAP (default: the library's, 8)")
+    parser.add_argument("--store", default=None,
+                        help="a PostgreSQL server URL for the redis backend's store (a fresh "
+                             "database is created and dropped); default: a SQLite file")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9",
                         help="Redis for --backend redis (flushed!)")
     parser.add_argument("--source", default=str(ROOT),

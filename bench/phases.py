@@ -39,7 +39,7 @@ TARGETS = [
     ("bidding.announce", "request_bids", "caller.request_bids (publish)"),
     ("bidding.consumer", "answer", "node.answer (bid request, total)"),
     ("bidding.consumer", "place_bid", "node.place_bid (history read + bid)"),
-    ("bidding.consumer", "receive_bid", "node.receive_bid (record bid, total)"),
+    ("bidding.consumer", "record_answer", "node.record_answer (post bid, total)"),
     ("bidding.award", "close_auction", "node.close_auction (award, total)"),
     ("bidding.award", "in_flight_counts", "node.award.in_flight_counts"),
     ("bidding.award", "_commit_award", "node.award._commit_award (write)"),
@@ -67,7 +67,7 @@ def _wrap(fn: Callable[..., Any], phase: str) -> Callable[..., Any]:
     @functools.wraps(fn)
     def timed(*args: Any, **kwargs: Any) -> Any:
         if phase.startswith("node.answer"):
-            body = args[3] if len(args) > 3 else kwargs.get("body")
+            body: Any = args[3] if len(args) > 3 else kwargs.get("body")
             with contextlib.suppress(Exception):
                 # Announced (caller's clock) to the moment the node starts answering.
                 add("node.bid request delivery (announced -> answer starts)",

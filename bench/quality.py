@@ -57,6 +57,7 @@ from bidding.config import Settings
 from bidding.models import Announcement, Bid, Refusal, Score
 from bidding.profile import NodeProfile
 from bidding.registry import LiveNode
+from bidding.scoring import slot_share
 from bidding.strategies import (
     NodeCapability,
     SelectionStrategy,
@@ -556,11 +557,6 @@ def estimated_success(outcomes: Sequence[bool], prior_episodes: float | None = N
     """Optimistic Beta posterior mean of success: (successes + A) / (n + A)."""
     a = PRIOR_EPISODES if prior_episodes is None else prior_episodes
     return (sum(outcomes) + a) / (len(outcomes) + a)
-
-
-def slot_share(in_flight: int, capacity: int) -> float:
-    """1 while a slot is free; else the share of a slot the next task would get."""
-    return min(1.0, capacity / (in_flight + 1))
 
 
 def bid_learned_confidence(rfp: Announcement, profile: NodeProfile, history: NodeHistory,

@@ -149,3 +149,4 @@ class HeartbeatStep(_NodeLoopStep):
 def _fresh_engines_in_child(**_: Any) -> None:
     """A forked pool process must not share its parent's database connections."""
     reset_after_fork()
+

@@ -1,9 +1,10 @@
 """Closing an auction: collect bids, rank them, award once, route the execution.
 
 ``decide`` is pure: eligibility (min_confidence, min_trust, budget), the strategy's pick with
-every bid's score, and the no-bid outcomes of seeds 000 and 001. ``receive_bid`` and
-``close_auction`` apply it to the store with a compare-and-set on the announcement's state, so
-the last bid, the deadline closer and any duplicate all race safely: exactly one awards.
+every bid's score, and the no-bid outcomes of seeds 000 and 001. ``close_auction`` takes the
+answers off the bid board (``bidding.board``) and applies the decision to the store with a
+compare-and-set on the announcement's state, so the last bid, the deadline closer and any
+duplicate all race safely: exactly one awards.
 """
 
 from __future__ import annotations
@@ -13,19 +14,21 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Any
+from typing import Any, cast
 
 from celery import Celery
-from sqlalchemy import func, select, update
+from sqlalchemy import Table, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
+from bidding.board import answer_message, bid_values, get_board, sorted_answers
 from bidding.config import Settings
 from bidding.errors import NoBidsError
 from bidding.models import Announcement, Award, Bid, Refusal, Score
 from bidding.profile import exec_queue
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import read_session, write_session
+from bidding.store.engine import is_sqlite
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Node
 from bidding.strategies import (
@@ -45,6 +48,10 @@ NO_BIDS = "No bids received"
 NO_CONFIDENT_BIDS = "No bids met minimum confidence"
 NO_VALID_BIDS = "No valid bids"
 
+#: Bid rows are written in one Core statement (no ORM unit of work on the award's path).
+_INSERT_BIDS = insert(cast(Table, BidRow.__table__))
+_INSERT_BID_ID = _INSERT_BIDS.returning(cast(Table, BidRow.__table__).c.id)
+
 #: Header names carried by an execution message.
 ATTEMPT_HEADER = "bidding_attempt"
 #: Cost differences below this are float rounding, not overspending.
@@ -52,6 +59,9 @@ BUDGET_EPSILON = 1e-9
 #: Decisions re-made when concurrent awards reserve the same nodes; the last one commits as is.
 RESERVATION_TRIES = 3
 NODE_HEADER = "bidding_node"
+#: Seconds an award waits for the announcement's row (bids may complete before the caller's
+#: insert commits; SQLite's writers wait up to 30 s for the lock).
+ROW_WAIT = 30.0
 
 
 def ineligibility(bid: Bid, rfp: Announcement) -> str | None:
@@ -159,16 +169,23 @@ def refresh_loads(bids: Sequence[Bid], in_flight: dict[str, int]) -> list[Bid]:
     return out
 
 
+_IN_FLIGHT = (
+    select(AnnouncementRow.assigned_node, func.count())
+    .where(AnnouncementRow.assigned_node.in_(bindparam("nodes", expanding=True)),
+           AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES)))
+    .group_by(AnnouncementRow.assigned_node)
+)
+_OPEN = (
+    select(AnnouncementRow.state, AnnouncementRow.attempt)
+    .where(AnnouncementRow.task_id == bindparam("task_id"))
+)
+
+
 def count_in_flight(session: Session, nodes: Sequence[str]) -> dict[str, int]:
     """Tasks awarded and unfinished, per node (derived from announcement states, never leaked)."""
     if not nodes:
         return {}
-    rows = session.execute(
-        select(AnnouncementRow.assigned_node, func.count())
-        .where(AnnouncementRow.assigned_node.in_(list(nodes)),
-               AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES))
-        .group_by(AnnouncementRow.assigned_node)
-    ).all()
+    rows = session.execute(_IN_FLIGHT, {"nodes": list(nodes)}).all()
     return {str(node): int(n) for node, n in rows}
 
 
@@ -178,88 +195,66 @@ def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]
         return count_in_flight(session, nodes)
 
 
-def receive_bid(settings: Settings, app: Celery, response: Bid | Refusal) -> None:
-    """Record a bid or refusal; the answer that completes the auction closes it at once."""
-    now = time.time()
-    with write_session(settings.database_url) as session:
-        counted = session.execute(
-            update(AnnouncementRow)
-            .where(AnnouncementRow.task_id == response.task_id,
-                   AnnouncementRow.attempt == response.attempt)
-            .values(bids_received=AnnouncementRow.bids_received + 1)
-            .returning(AnnouncementRow.bids_received, AnnouncementRow.expected_bids,
-                       AnnouncementRow.state)
-        ).one_or_none()
-        if counted is None:
-            logger.warning("bid from %s for unknown task %s (attempt %s) dropped",
-                           response.node, response.task_id, response.attempt)
-            return
-        received, expected, state = counted
-        late = state != lifecycle.BIDDING
-        session.add(_bid_row(response, late))
-        kind = journal.BID if isinstance(response, Bid) else journal.REFUSED
-        detail: dict[str, Any] = {"late": late}
-        if isinstance(response, Refusal):
-            detail["reason"] = response.reason
-        journal.record(session, response.task_id, kind, node=response.node,
-                       attempt=response.attempt, at=now, **detail)
-    if not late and received >= expected:
-        close_auction(settings, app, response.task_id, response.attempt, closed_by="all bids in")
-
-
-def _bid_row(response: Bid | Refusal, late: bool) -> BidRow:
-    if isinstance(response, Refusal):
-        return BidRow(task_id=response.task_id, attempt=response.attempt, node=response.node,
-                      will_bid=False, reason=response.reason, payload=response.model_dump(),
-                      late=late, bid_at=response.bid_at)
-    return BidRow(
-        task_id=response.task_id, attempt=response.attempt, node=response.node, will_bid=True,
-        capability=response.capability, experience=response.experience, load=response.load,
-        confidence=response.confidence, cost=response.cost, latency_ms=response.latency_ms,
-        trust=response.trust, payload=response.model_dump(), late=late, bid_at=response.bid_at,
-    )
-
-
 def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
-                  closed_by: str) -> Award | None:
-    """Award ``task_id``'s auction if it is still open; None when someone else already did."""
-    with read_session(settings.database_url) as session:
-        row = session.get(AnnouncementRow, task_id)
+                  closed_by: str, *, rfp: Announcement | None = None,
+                  candidates: int | None = None) -> Award | None:
+    """Award ``task_id``'s auction if it is still open; None when someone else already did.
+
+    The bidder whose answer completed the auction passes the announcement it holds (``rfp``),
+    which saves reading it back; the sweepers pass only the id.
+    """
+    if rfp is None or candidates is None:
+        with read_session(settings.database_url) as session:
+            row = session.execute(
+                select(AnnouncementRow.state, AnnouncementRow.attempt, AnnouncementRow.spec,
+                       AnnouncementRow.candidates)
+                .where(AnnouncementRow.task_id == task_id)
+            ).one_or_none()
         if row is None or row.state != lifecycle.BIDDING or row.attempt != attempt:
             return None
         rfp = Announcement.model_validate(row.spec)
         candidates = len(row.candidates)
-        bid_rows = session.scalars(
-            select(BidRow).where(BidRow.task_id == task_id, BidRow.attempt == attempt,
-                                 BidRow.late.is_(False))
-        ).all()
-        bids = [Bid.model_validate(r.payload) for r in bid_rows if r.will_bid]
-        refusals = [Refusal.model_validate(r.payload) for r in bid_rows if not r.will_bid]
+    board = get_board(settings, app)
+    # Kept past the window, so that an awarder that dies before committing leaves the answers
+    # for the sweeper that closes the auction at its deadline.
+    answers = board.close(task_id, attempt,
+                          keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+    bids, refusals = sorted_answers(answers)
     strategy = resolve_strategy(rfp.strategy)
     bidders = sorted(b.node for b in bids)
+    announcement = rfp
+    n_candidates = candidates
 
     def make_award(counts: dict[str, int]) -> Award:
-        award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
-                       closed_by=closed_by, candidates=candidates)
-        if award.outcome == "failed" and rfp.no_bid == "fallback":
+        award = decide(announcement, refresh_loads(bids, counts), refusals, strategy,
+                       closed_by=closed_by, candidates=n_candidates)
+        if award.outcome == "failed" and announcement.no_bid == "fallback":
             live = live_nodes(settings)
             node = fallback_node(live, in_flight_counts(settings, [n.name for n in live]))
             if node is not None:
                 award = award.model_copy(update={"outcome": "fallback", "winner": node})
         return award
 
+    write = answers if board.writes_on_award else None
     result: Award | _Commit = _Commit.STALE
+    # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
+    # A slow one (an LLM judge) decides outside it first; the commit re-checks the counts.
+    optimistic = 0 if isinstance(strategy, ScoringStrategy) else RESERVATION_TRIES - 1
     for attempt_no in range(1, RESERVATION_TRIES + 1):
-        if attempt_no < RESERVATION_TRIES:
-            # Optimistic: decide without holding locks (a strategy may be slow, e.g. an LLM
-            # judge); the commit re-checks the counts and sends us round if they moved.
+        if attempt_no <= optimistic:
             counts = in_flight_counts(settings, bidders)
-            result = _commit_award(settings, rfp, bidders, make_award, (make_award(counts), counts))
+            result = _commit_award(settings, rfp, bidders, make_award,
+                                   (make_award(counts), counts), write)
         else:
-            # Contended: decide inside the locked transaction, so this one cannot be stale.
-            result = _commit_award(settings, rfp, bidders, make_award, None)
+            result = _commit_award(settings, rfp, bidders, make_award, None, write)
+        if result is _Commit.NOT_YET and _row_appears(settings, task_id):
+            continue  # the caller's insert committed meanwhile: decide again
         if result is not _Commit.STALE:
             break
+    if result is _Commit.NOT_YET:
+        logger.warning("auction %s: no announcement in the store after %gs (the caller's "
+                       "insert failed or is stuck); left to the deadline sweeper", task_id,
+                       ROW_WAIT)
     if not isinstance(result, Award):
         return None
     award = result
@@ -272,21 +267,45 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     return award
 
 
+_EXPIRED = (
+    select(AnnouncementRow.task_id, AnnouncementRow.attempt)
+    .where(AnnouncementRow.state == lifecycle.BIDDING,
+           AnnouncementRow.closes_at <= bindparam("now"))
+    .order_by(AnnouncementRow.closes_at)
+    .limit(bindparam("limit"))
+)
+
+
+_EXISTS = select(AnnouncementRow.task_id).where(AnnouncementRow.task_id == bindparam("task_id"))
+
+
+def _row_appears(settings: Settings, task_id: str) -> bool:
+    """Wait (reads only, no lock held) up to ``ROW_WAIT`` seconds for ``task_id``'s row: a new
+    auction asks for bids before its row is committed, and its bids may all be in first."""
+    deadline = time.monotonic() + ROW_WAIT
+    pause = 0.001
+    while time.monotonic() < deadline:
+        time.sleep(pause)
+        with read_session(settings.database_url) as session:
+            if session.execute(_EXISTS, {"task_id": task_id}).first() is not None:
+                return True
+        pause = min(pause * 2, 0.05)
+    return False
+
+
 def close_expired(settings: Settings, app: Celery, now: float | None = None,
                   limit: int = 100) -> int:
     """Close every open auction past its window (the deadline closer); returns how many."""
     now = time.time() if now is None else now
     with read_session(settings.database_url) as session:
-        due = session.execute(
-            select(AnnouncementRow.task_id, AnnouncementRow.attempt)
-            .where(AnnouncementRow.state == lifecycle.BIDDING, AnnouncementRow.closes_at <= now)
-            .order_by(AnnouncementRow.closes_at)
-            .limit(limit)
-        ).all()
+        due = session.execute(_EXPIRED, {"now": now, "limit": limit}).all()
     closed = 0
     for task_id, attempt in due:
-        if close_auction(settings, app, task_id, attempt, closed_by="deadline") is not None:
-            closed += 1
+        try:
+            if close_auction(settings, app, task_id, attempt, closed_by="deadline") is not None:
+                closed += 1
+        except Exception:  # the next sweep tries again; the others still close now
+            logger.exception("closing auction %s at its deadline failed", task_id)
     return closed
 
 
@@ -295,6 +314,9 @@ class _Commit(Enum):
     LOST = "lost"
     #: In-flight counts moved since the decision: decide again.
     STALE = "stale"
+    #: The announcement's row is not in the store yet (bids are asked for before it is
+    #: written): wait for it.
+    NOT_YET = "not yet"
 
 
 def _commit_award(
@@ -303,18 +325,29 @@ def _commit_award(
     bidders: Sequence[str],
     make_award: Callable[[dict[str, int]], Award],
     decided: tuple[Award, dict[str, int]] | None,
+    answers: Sequence[Bid | Refusal] | None = None,
 ) -> Award | _Commit:
     """Write the award if the auction is still open (compare-and-set on its state).
 
     The bidders' node rows are locked and their in-flight counts re-read first. An award
     ``decided`` outside on other counts is not written (STALE): another award reserved one of
     these nodes meanwhile. With ``decided=None`` the award is made here, under the lock.
+    ``answers`` (from a board that keeps them outside the store) are written here, scored.
     SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row locks.
     """
     with write_session(settings.database_url) as session:
-        if bidders:
+        sqlite = is_sqlite(settings.database_url)
+        if bidders and not sqlite:
+            # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
             session.execute(select(Node.name).where(Node.name.in_(list(bidders)))
                             .order_by(Node.name).with_for_update())
+        current = session.execute(
+            _OPEN if sqlite else _OPEN.with_for_update(), {"task_id": rfp.task_id}
+        ).one_or_none()
+        if current is None:
+            return _Commit.NOT_YET  # announced, and its row not committed yet
+        if current.state != lifecycle.BIDDING or current.attempt != rfp.attempt:
+            return _Commit.LOST  # a duplicate closer: the auction is closed already
         now_counts = count_in_flight(session, bidders)
         if decided is None:
             award = make_award(now_counts)
@@ -324,6 +357,22 @@ def _commit_award(
                 return _Commit.STALE
         target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
         by_node = {s.node: s for s in award.scores}
+        counted: dict[str, Any] = {}
+        if answers is not None:
+            # The answers enter the log and the bids table, scored, before their award.
+            counted = {"bids_received": len(answers)}
+            journal.write(session, [answer_message(a, late=False) for a in answers])
+            # Stored as the award saw them: loads brought up to date with work awarded since.
+            fresh = {b.node: b for b in refresh_loads(
+                [a for a in answers if isinstance(a, Bid)], now_counts)}
+            rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
+                                  by_node, award.winner) for a in answers]
+            losers = [r for r in rows if not r["is_winner"]]
+            if losers:
+                session.execute(_INSERT_BIDS, losers)
+            for r in rows:
+                if r["is_winner"]:
+                    counted["winning_bid_id"] = session.execute(_INSERT_BID_ID, r).scalar_one()
         winner_score = by_node[award.winner].total if award.winner in by_node else None
         if award.winner is not None:
             kind = journal.AWARDED
@@ -341,17 +390,18 @@ def _commit_award(
             winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
             error=award.error, finished_at=None if award.winner else award.awarded_at,
             due_at=start_by(settings, rfp, award.awarded_at) if award.winner else None,
+            **counted,
         ):
             return _Commit.LOST
+        if answers is not None:
+            return award
         winning_bid_id = None
         for row in session.scalars(select(BidRow).where(
                 BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
                 BidRow.late.is_(False))):
-            score = by_node.get(row.node)
-            if score is not None:
-                row.score = score.total
-                row.breakdown = score.model_dump()
-            row.is_winner = row.will_bid and row.node == award.winner
+            for column, value in score_columns(row.node, row.will_bid, by_node,
+                                               award.winner).items():
+                setattr(row, column, value)
             if row.is_winner:
                 winning_bid_id = row.id
         if winning_bid_id is not None:
@@ -359,6 +409,24 @@ def _commit_award(
                             .where(AnnouncementRow.task_id == rfp.task_id)
                             .values(winning_bid_id=winning_bid_id))
     return award
+
+
+def score_columns(node: str, will_bid: bool, by_node: dict[str, Score],
+                  winner: str | None) -> dict[str, Any]:
+    """The bids-table columns the award sets: the strategy's score and whether it won."""
+    columns: dict[str, Any] = {"is_winner": will_bid and node == winner}
+    score = by_node.get(node)
+    if score is not None:
+        columns["score"] = score.total
+        columns["breakdown"] = score.model_dump()
+    return columns
+
+
+def scored_values(answer: Bid | Refusal, by_node: dict[str, Score],
+                  winner: str | None) -> dict[str, Any]:
+    """The bids-table row of ``answer``, scored (for a board that keeps answers outside)."""
+    return {**bid_values(answer),
+            **score_columns(answer.node, isinstance(answer, Bid), by_node, winner)}
 
 
 def start_by(settings: Settings, rfp: Announcement, awarded_at: float) -> float | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, func, select
+from sqlalchemy import Integer, bindparam, func, select
 
 from bidding import lifecycle, scoring
 from bidding.config import Settings
@@ -85,37 +85,36 @@ def compute_bid(
     )
 
 
+# Built once: constructing these statements cost more than running them (bench/latency.py).
+_LATEST = (select(Episode.success)
+           .where(Episode.node == bindparam("node"), Episode.task_type == bindparam("task_type"))
+           .order_by(Episode.finished_at.desc())
+           .limit(bindparam("limit")))
+_IN_FLIGHT = (select(func.count()).select_from(AnnouncementRow)
+              .where(AnnouncementRow.assigned_node == bindparam("node"),
+                     AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES))))
+_RECENT_FAILURES = (select(func.count()).select_from(Episode)
+                    .where(Episode.node == bindparam("node"),
+                           Episode.task_type == bindparam("task_type"),
+                           Episode.success.is_(False),
+                           Episode.finished_at >= bindparam("since")))
+_TOTALS = (select(func.count(), func.coalesce(func.sum(Episode.success.cast(Integer)), 0))
+           .where(Episode.node == bindparam("node")))
+
+
 def gather_history(
     settings: Settings, node: str, task_type: str, now: float | None = None
 ) -> NodeHistory:
     """Read ``node``'s history from the store: recent episodes, in-flight work, trust inputs."""
     now = time.time() if now is None else now
     with read_session(settings.database_url) as session:
-        latest = session.execute(
-            select(Episode.success)
-            .where(Episode.node == node, Episode.task_type == task_type)
-            .order_by(Episode.finished_at.desc())
-            .limit(settings.experience_window)
-        ).all()
-        in_flight = session.scalar(
-            select(func.count())
-            .select_from(AnnouncementRow)
-            .where(
-                AnnouncementRow.assigned_node == node,
-                AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES),
-            )
-        ) or 0
+        latest = session.execute(_LATEST, {"node": node, "task_type": task_type,
+                                           "limit": settings.experience_window}).all()
+        in_flight = session.scalar(_IN_FLIGHT, {"node": node}) or 0
         recent_failures = session.scalar(
-            select(func.count())
-            .select_from(Episode)
-            .where(Episode.node == node, Episode.task_type == task_type,
-                   Episode.success.is_(False),
-                   Episode.finished_at >= now - settings.recent_failure_seconds)
-        ) or 0
-        totals = session.execute(
-            select(func.count(), func.coalesce(func.sum(Episode.success.cast(Integer)), 0))
-            .where(Episode.node == node)
-        ).one()
+            _RECENT_FAILURES, {"node": node, "task_type": task_type,
+                               "since": now - settings.recent_failure_seconds}) or 0
+        totals = session.execute(_TOTALS, {"node": node}).one()
     return NodeHistory(
         outcomes=tuple(bool(ok) for (ok,) in latest),
         recent_failures=int(recent_failures),
@@ -125,11 +124,44 @@ def gather_history(
     )
 
 
-def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile) -> Bid | Refusal:
-    """Compute this node's answer to ``rfp`` from its profile and the store."""
+_history: dict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = {}
+
+
+def cached_history(settings: Settings, node: str, task_type: str, now: float | None = None,
+                   version: int | None = None) -> NodeHistory:
+    """``gather_history``, reused while ``version`` is unchanged, for at most
+    ``bidding_history_cache_seconds``.
+
+    Four queries per bid were most of a bid's cost (bench/latency.py). ``version`` (from the
+    bid board) changes whenever the node finishes an attempt, so a finished attempt counts in
+    the very next bid; work awarded meanwhile is re-counted by the award under its lock.
+    """
+    ttl = settings.history_cache_seconds
+    key = (settings.database_url, node, task_type)
+    clock = time.monotonic()
+    hit = _history.get(key)
+    # Without a version (the store board, e.g. on RabbitMQ) nothing says when the record
+    # changed: read it every time rather than bid on a stale one.
+    if (ttl > 0 and version is not None and hit is not None and clock - hit[0] < ttl
+            and hit[1] == version):
+        return hit[2]
+    history = gather_history(settings, node, task_type, now)
+    _history[key] = (clock, version, history)
+    return history
+
+
+def forget_history() -> None:
+    """Drop cached histories (tests, and after this process changed a node's record)."""
+    _history.clear()
+
+
+def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,
+              version: int | None = None) -> Bid | Refusal:
+    """Compute this node's answer to ``rfp`` from its profile and (cached) store history;
+    ``version`` is the node's history version on the bid board (see ``cached_history``)."""
     now = time.time()
     if refusal_reason(rfp, profile, now) is None:
-        history = gather_history(settings, profile.name, rfp.task_type, now)
+        history = cached_history(settings, profile.name, rfp.task_type, now, version)
     else:
         history = NodeHistory()
     return compute_bid(rfp, profile, history, now)

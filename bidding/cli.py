@@ -44,11 +44,12 @@ def _load_app(name: str) -> Celery:
     return app
 
 
-def _settings(app_name: str | None, database_url: str | None) -> Settings:
+def _settings(app_name: str | None, database_url: str | None,
+              app: Celery | None = None) -> Settings:
     if app_name:
         from bidding.settings import get_settings
 
-        settings = get_settings(_load_app(app_name))
+        settings = get_settings(app or _load_app(app_name))
     else:
         settings = load_settings({})
     if database_url:
@@ -119,9 +120,11 @@ def explain(task_id: str, app_name: str | None, database_url: str | None,
     """Show every bid of TASK_ID's auction, its score breakdown, the strategy and the winner."""
     from bidding.explain import explain as do_explain
 
-    settings = _settings(app_name, database_url)
+    app = _load_app(app_name) if app_name else None
+    settings = _settings(app_name, database_url, app)
     try:
-        result = do_explain(task_id, database_url=settings.database_url)
+        # With the app, an open auction's answers on the Redis board are shown too.
+        result = do_explain(task_id, app=app, database_url=settings.database_url)
     except BiddingError as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())

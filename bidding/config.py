@@ -10,7 +10,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError
 from bidding.models import NoBidPolicy, describe_validation
@@ -40,7 +40,14 @@ class Settings(BaseModel):
     #: Bids from nodes with a lower (learned) trust are not eligible (AITP's default is 50).
     min_trust: float = Field(50.0, ge=0, le=100)
     #: Send bid requests to at most this many eligible nodes per auction (0 = all of them).
-    candidate_cap: int = Field(16, ge=0)
+    candidate_cap: int = Field(8, ge=0)
+    #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
+    #: the store), "store", or a Redis URL (see bidding.board).
+    bid_board: str = "auto"
+    #: Seconds a node reuses its history (experience, in-flight work) between bids on the same
+    #: task type, while its history version on the Redis board holds; the award re-counts
+    #: in-flight work anyway (0 = read the store for every bid).
+    history_cache_seconds: float = Field(0.5, ge=0, le=60)
     #: Seconds between a node's heartbeats.
     heartbeat_interval: float = Field(2.0, gt=0)
     #: A node whose last heartbeat is older than this many seconds is not a candidate.
@@ -67,6 +74,14 @@ class Settings(BaseModel):
     notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
+
+    @field_validator("bid_board")
+    @classmethod
+    def _board(cls, value: str) -> str:
+        if value in ("auto", "store") or value.startswith(
+                ("redis://", "rediss://", "unix://", "redis+socket://")):
+            return value
+        raise ValueError('must be "auto", "store" or a redis:// URL')
 
 
 SETTING_NAMES: tuple[str, ...] = tuple(Settings.model_fields)

@@ -11,13 +11,16 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, Final, cast
 
 import jsonschema
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import func, select, update
+from sqlalchemy import Executable, Table, bindparam, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +33,7 @@ from bidding.retry import compute_delay, is_retryable
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, LedgerEntry
-from bidding.transition import transition
+from bidding.transition import Step, apply, transition
 
 logger = logging.getLogger(__name__)
 
@@ -77,88 +80,124 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run."""
     now = time.time()
     with write_session(settings.database_url) as session:
-        moved = transition(session, task_id, lifecycle.EXECUTING, kind=journal.TASK_ACCEPTED,
-                           expect_attempt=attempt, expect_node=node, at=now, started_at=now,
-                           due_at=None)
-        row = session.get(AnnouncementRow, task_id)
+        # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
+        outcome = apply(session, task_id,
+                        (Step(lifecycle.EXECUTING, journal.TASK_ACCEPTED,
+                              values={"started_at": now, "due_at": None}),),
+                        expect_attempt=attempt, expect_node=node, at=now, returning=("spec",))
+        row = outcome.row
         if row is None:
             return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
-        rfp = Announcement.model_validate(row.spec)
-        if moved:
+        if outcome.moved:
             start = Start.FIRST
-        elif (row.state == lifecycle.EXECUTING and row.assigned_node == node
-              and row.attempt == attempt):
-            journal.record(session, task_id, journal.TASK_ACCEPTED, node=node, attempt=attempt,
-                           at=now, redelivered=True)
-            start = Start.REDELIVERED
+            spec = row[0]
         else:
-            start = Start.DUPLICATE
+            spec = row[3]
+            if row[0] == lifecycle.EXECUTING and row[1] == attempt and row[2] == node:
+                journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
+                               attempt=attempt, at=now, redelivered=True)
+                start = Start.REDELIVERED
+            else:
+                start = Start.DUPLICATE
+        rfp = Announcement.model_validate(spec)  # a bad spec rolls the transition back
     return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
 
 
-def _charge(session: Session, run: Running, now: float) -> tuple[float, float]:
-    """Write this attempt's ledger entry; returns (its cost, the task's total spent)."""
+def _insert_once(session: Session, table: Table, values: dict[str, Any]) -> None:
+    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already)."""
+    dialect = session.get_bind().dialect.name
+    stmt = _INSERT_ONCE.get((dialect, table.name))
+    if stmt is None and dialect in _ON_CONFLICT:
+        stmt = _INSERT_ONCE[(dialect, table.name)] = _ON_CONFLICT[dialect](table)
+    if stmt is not None:
+        session.execute(stmt, values)
+        return
+    try:  # another database: a savepoint, rolled back on the duplicate
+        with session.begin_nested():
+            session.execute(insert(table), values)
+    except IntegrityError:
+        pass
+
+
+def _on_conflict_sqlite(table: Table) -> Executable:
+    return sqlite_insert(table).on_conflict_do_nothing()
+
+
+def _on_conflict_postgresql(table: Table) -> Executable:
+    return postgresql_insert(table).on_conflict_do_nothing()
+
+
+_ON_CONFLICT: Final[dict[str, Callable[[Table], Executable]]] = {
+    "sqlite": _on_conflict_sqlite, "postgresql": _on_conflict_postgresql}
+_INSERT_ONCE: dict[tuple[str, str], Executable] = {}
+_LEDGER: Final = cast(Table, LedgerEntry.__table__)
+_EPISODES: Final = cast(Table, Episode.__table__)
+_SPENT: Final = select(func.coalesce(func.sum(_LEDGER.c.total), 0.0)).where(
+    _LEDGER.c.task_id == bindparam("task_id"))
+
+
+def _charge(session: Session, run: Running, now: float) -> float:
+    """Write this attempt's ledger entry (once); returns its cost."""
     assert run.rfp is not None
     units = run.rfp.units if run.units is None else run.units
     total = run.price_per_unit * units
-    try:
-        with session.begin_nested():
-            session.add(LedgerEntry(task_id=run.task_id, attempt=run.attempt, node=run.node,
-                                    units=units, price_per_unit=run.price_per_unit,
-                                    total=total, at=now))
-    except IntegrityError:  # this attempt was charged already (a redelivered message)
-        pass
-    spent = session.scalar(select(func.coalesce(func.sum(LedgerEntry.total), 0.0))
-                           .where(LedgerEntry.task_id == run.task_id)) or 0.0
-    return total, float(spent)
+    _insert_once(session, _LEDGER, {
+        "task_id": run.task_id, "attempt": run.attempt, "node": run.node, "units": units,
+        "price_per_unit": run.price_per_unit, "total": total, "at": now})
+    return total
+
+
+def _spent(session: Session, task_id: str) -> float:
+    """The task's total cost so far (every attempt's ledger entry)."""
+    return float(session.scalar(_SPENT, {"task_id": task_id}) or 0.0)
 
 
 def _episode(session: Session, run: Running, *, success: bool, now: float,
              cost: float, error: str | None) -> None:
+    """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
     assert run.rfp is not None
-    try:
-        with session.begin_nested():
-            session.add(Episode(task_id=run.task_id, attempt=run.attempt, node=run.node,
-                                task_type=run.rfp.task_type, skills=list(run.rfp.required_skills),
-                                success=success, duration_s=time.monotonic() - run.began,
-                                cost=cost, error=error, finished_at=now))
-    except IntegrityError:  # recorded by an earlier delivery of the same attempt
-        pass
+    _insert_once(session, _EPISODES, {
+        "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
+        "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
+        "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
+        "error": error, "finished_at": now})
 
 
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:
-    """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so."""
+    """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so.
+
+    The two transitions are one UPDATE (``transition.apply``), logged as two messages.
+    """
     if run.rfp is None:
         return Verdict()
     rfp = run.rfp
+    budget = rfp.budget
     now = time.time()
+    invalid = _schema_error(rfp.output_schema, result)  # pure: outside the write lock
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost, spent = _charge(session, run, now)
-        invalid = _schema_error(rfp.output_schema, result)
-        ok = invalid is None
-        _episode(session, run, success=ok, now=now, cost=cost, error=invalid)
-        if not transition(session, run.task_id, lifecycle.COMPLETED,
-                          kind=journal.TASK_COMPLETED, expect_attempt=run.attempt,
-                          expect_node=run.node, at=now, detail={"cost": cost},
-                          finished_at=now):
-            return Verdict()
-        if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
-            reason = f"spent {spent:.4f} of budget {rfp.budget:.4f}"
-            transition(session, run.task_id, lifecycle.FAILED, kind=journal.COST_EXCEEDED,
-                       expect_attempt=run.attempt, at=now, message_node=run.node,
-                       detail={"budget": rfp.budget, "spent": spent}, error=reason)
-            over = (rfp.budget, spent)
+        cost = _charge(session, run, now)
+        _episode(session, run, success=invalid is None, now=now, cost=cost, error=invalid)
+        # The ledger's sum matters only against a budget (the entry itself is always written).
+        spent = _spent(session, run.task_id) if budget is not None else 0.0
+        done = Step(lifecycle.COMPLETED, journal.TASK_COMPLETED, detail={"cost": cost},
+                    values={"finished_at": now})
+        if budget is not None and spent > budget + BUDGET_EPSILON:
+            reason = f"spent {spent:.4f} of budget {budget:.4f}"
+            then = Step(lifecycle.FAILED, journal.COST_EXCEEDED, run.node,
+                        {"budget": budget, "spent": spent}, {"error": reason})
+            over = (budget, spent)
             verdict = Verdict(error=CostExceededError(f"task {run.task_id}: {reason}"))
         elif invalid is not None:
-            transition(session, run.task_id, lifecycle.FAILED, kind=journal.OUTPUT_INVALID,
-                       expect_attempt=run.attempt, at=now, message_node=run.node,
-                       detail={"error": invalid}, error=invalid)
+            then = Step(lifecycle.FAILED, journal.OUTPUT_INVALID, run.node, {"error": invalid},
+                        {"error": invalid})
             verdict = Verdict(error=OutputValidationError(invalid))
         else:
-            transition(session, run.task_id, lifecycle.SUCCESS, kind=journal.TASK_SUCCEEDED,
-                       expect_attempt=run.attempt, at=now, message_node=run.node)
+            then = Step(lifecycle.SUCCESS, journal.TASK_SUCCEEDED, run.node)
             verdict = Verdict()
+        if not apply(session, run.task_id, (done, then), expect_attempt=run.attempt,
+                     expect_node=run.node, at=now).moved:
+            return Verdict()
     if over is not None:
         _notify_cost(settings, run, *over)
     return verdict
@@ -185,9 +224,12 @@ def fail(settings: Settings, run: Running, exc: BaseException,
     error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost, spent = _charge(session, run, now)
+        cost = _charge(session, run, now)
         _episode(session, run, success=False, now=now, cost=cost, error=error)
         plan = plan_retry(rfp, run.node, exc, now, rng)
+        # The sum of the ledger matters against a budget and for the next attempt's spec.
+        spent = (_spent(session, run.task_id)
+                 if rfp.budget is not None or plan.next is not None else 0.0)
         if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
             over = (rfp.budget, spent)
             plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {rfp.budget:.4f}")
@@ -249,26 +291,29 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
                      f"retry {failures} of {policy.max_retries}")
 
 
-def hard_timeout(settings: Settings, task_id: str, error: str) -> bool:
+def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
     """The pool process was killed at the hard time limit: the attempt is FAILED.
 
     Called in the worker's main process (Celery reports hard timeouts there). Celery has already
     stored the failure for the caller, so this is final: no retry is planned, and the store
-    agrees with what ``.get()`` saw.
+    agrees with what ``.get()`` saw. Returns the node whose attempt failed, or None when there
+    was nothing to fail.
     """
     now = time.time()
     with write_session(settings.database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None or row.state != lifecycle.EXECUTING or row.assigned_node is None:
-            return False
+            return None
+        node = row.assigned_node
         rfp = Announcement.model_validate(row.spec)
-        run = Running(task_id, row.attempt, row.assigned_node, Start.FIRST, rfp,
+        run = Running(task_id, row.attempt, node, Start.FIRST, rfp,
                       began=time.monotonic() - (now - (row.started_at or now)))
         _episode(session, run, success=False, now=now, cost=0.0, error=error)
-        return transition(session, task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
-                          expect_attempt=row.attempt, expect_node=row.assigned_node, at=now,
-                          detail={"error": error, "why": "hard time limit"}, error=error,
-                          finished_at=now)
+        failed = transition(session, task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
+                            expect_attempt=row.attempt, expect_node=node, at=now,
+                            detail={"error": error, "why": "hard time limit"}, error=error,
+                            finished_at=now)
+    return node if failed else None
 
 
 def _notify_cost(settings: Settings, run: Running, budget: float, spent: float) -> None:

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from bidding import lifecycle
+from bidding.board import get_board
 from bidding.errors import ConfigurationError, UnknownTaskError
+from bidding.models import Bid
 from bidding.settings import get_settings
 from bidding.store import ensure_schema, read_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
+
+logger = logging.getLogger(__name__)
 
 
 class BidView(BaseModel):
@@ -142,6 +148,19 @@ def explain(task_id: str, app: Celery | None = None, *,
         messages = session.scalars(
             select(Message).where(Message.task_id == task_id).order_by(Message.id)
         ).all()
+        views = [
+            BidView(
+                node=b.node, attempt=b.attempt, will_bid=b.will_bid, reason=b.reason,
+                capability=b.capability, experience=b.experience, load=b.load,
+                confidence=b.confidence, cost=b.cost, latency_ms=b.latency_ms,
+                trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
+                is_winner=b.is_winner, late=b.late,
+                answered_after_ms=(b.bid_at - row.announced_at) * 1000,
+            )
+            for b in bids
+        ]
+        if row.state == lifecycle.BIDDING and app is not None:
+            views.extend(_pending(app, task_id, row.attempt, row.announced_at))
         return Explanation(
             task_id=row.task_id,
             task_name=row.task_name,
@@ -159,20 +178,35 @@ def explain(task_id: str, app: Celery | None = None, *,
             announced_at=row.announced_at,
             awarded_at=row.awarded_at,
             assignment_ms=(row.awarded_at - row.announced_at) * 1000 if row.awarded_at else None,
-            bids=[
-                BidView(
-                    node=b.node, attempt=b.attempt, will_bid=b.will_bid, reason=b.reason,
-                    capability=b.capability, experience=b.experience, load=b.load,
-                    confidence=b.confidence, cost=b.cost, latency_ms=b.latency_ms,
-                    trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
-                    is_winner=b.is_winner, late=b.late,
-                    answered_after_ms=(b.bid_at - row.announced_at) * 1000,
-                )
-                for b in bids
-            ],
+            bids=views,
             messages=[
                 MessageView(kind=m.kind, node=m.node, attempt=m.attempt, at=m.at,
                             detail=dict(m.detail or {}))
                 for m in messages
             ],
         )
+
+
+def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
+    """Answers of an open auction that are still on a Redis bid board (not scored yet)."""
+    board = get_board(get_settings(app), app)
+    if not board.writes_on_award:
+        return []
+    try:
+        answers = board.peek(task_id, attempt)
+    except Exception:  # explain still shows what the store knows
+        logger.warning("bid board unavailable: open auction %s shown without its answers",
+                       task_id, exc_info=True)
+        return []
+    views = []
+    for a in answers:
+        common: dict[str, Any] = {"node": a.node, "attempt": a.attempt,
+                                  "answered_after_ms": (a.bid_at - announced_at) * 1000}
+        if isinstance(a, Bid):
+            views.append(BidView(will_bid=True, capability=a.capability,
+                                 experience=a.experience, load=a.load,
+                                 confidence=a.confidence, cost=a.cost,
+                                 latency_ms=a.latency_ms, trust=a.trust, **common))
+        else:
+            views.append(BidView(will_bid=False, reason=a.reason, **common))
+    return views

@@ -136,7 +136,7 @@ class Announcement(BaseModel):
     window: float = Field(2.0, gt=0, le=3600)
     #: Units of work the task will consume; a bid's cost is price_per_unit * units.
     units: float = Field(1.0, ge=0)
-    candidate_cap: int = Field(16, ge=0)
+    candidate_cap: int = Field(8, ge=0)
     retry_policy: RetryPolicy | None = None
     #: Retry on the node that just failed too (by default a retry excludes it).
     retry_same_node: bool = False

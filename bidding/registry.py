@@ -11,8 +11,9 @@ import logging
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, bindparam, select, update
 
 from bidding.config import Settings
 from bidding.periodic import Periodic
@@ -59,6 +60,25 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
     _live_cache.clear()
 
 
+_BEAT = (update(Node).where(Node.name == bindparam("node"))
+         .values(status="online", last_heartbeat=bindparam("now")))
+
+
+def beat(settings: Settings, profile: NodeProfile, now: float | None = None) -> None:
+    """The periodic heartbeat: one UPDATE of the node's row (the profile was written by
+    ``heartbeat`` when the node started); the full ``heartbeat`` when the row has gone.
+
+    64 idle nodes beating every 2 s are 32 write transactions a second on the store; each is
+    now one statement instead of a read and a rewrite of every column (bench/latency.py).
+    """
+    now = time.time() if now is None else now
+    with write_session(settings.database_url) as session:
+        moved = cast(CursorResult[Any], session.execute(
+            _BEAT, {"node": profile.name, "now": now})).rowcount
+    if moved != 1:
+        heartbeat(settings, profile, now=now)
+
+
 def touch(settings: Settings, name: str, now: float | None = None) -> None:
     """Refresh a node's heartbeat time only: it is alive, but not taking new work (draining)."""
     with write_session(settings.database_url) as session:
@@ -78,27 +98,26 @@ def mark_offline(settings: Settings, name: str) -> None:
     _live_cache.clear()
 
 
+_LIVE = (
+    select(Node.name, Node.capabilities, Node.capacity, Node.price_per_unit, Node.latency_ms,
+           Node.trust, Node.last_heartbeat)
+    .where(Node.status == "online", Node.last_heartbeat >= bindparam("cutoff"))
+    .order_by(Node.name)
+)
+
+
 def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveNode]:
     """Nodes whose last heartbeat is within ``bidding_heartbeat_ttl`` seconds."""
     now = time.time() if now is None else now
     cutoff = now - settings.heartbeat_ttl
     with read_session(settings.database_url) as session:
-        rows = session.scalars(
-            select(Node).where(Node.status == "online", Node.last_heartbeat >= cutoff)
-            .order_by(Node.name)
-        ).all()
-        return [
-            LiveNode(
-                name=r.name,
-                capabilities=tuple(r.capabilities),
-                capacity=r.capacity,
-                price_per_unit=r.price_per_unit,
-                latency_ms=r.latency_ms,
-                trust=r.trust,
-                last_heartbeat=r.last_heartbeat,
-            )
-            for r in rows
-        ]
+        rows = session.execute(_LIVE, {"cutoff": cutoff}).all()
+    return [
+        LiveNode(name=r.name, capabilities=tuple(r.capabilities), capacity=r.capacity,
+                 price_per_unit=r.price_per_unit, latency_ms=r.latency_ms, trust=r.trust,
+                 last_heartbeat=r.last_heartbeat)
+        for r in rows
+    ]
 
 
 _live_cache: dict[str, tuple[float, list[LiveNode]]] = {}
@@ -131,8 +150,9 @@ class Heartbeat:
         self.settings = settings
         self.profile = profile
         self.started_at = time.time()
+        self._registered = False
         self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
-                              lambda: heartbeat(settings, profile))
+                              self._beat)
         # After stop (a warm shutdown, or a lost broker connection) the pool may still be
         # finishing tasks: the node is offline for new work but not dead, and watchdogs must
         # not hand its running tasks to someone else.
@@ -143,8 +163,23 @@ class Heartbeat:
     def start(self) -> None:
         """Beat once now (the node is a candidate from this moment), then periodically."""
         self._draining.stop()
-        heartbeat(self.settings, self.profile, started_at=self.started_at)
+        self._registered = False
+        try:
+            self._beat()
+        except Exception:
+            # A store busy for longer than the lock timeout (seen with 64 nodes starting at
+            # once on 2 cores) must not kill the worker: the loop registers it on its next beat.
+            logger.exception("first heartbeat of node %s failed; retrying every %gs",
+                             self.profile.name, self.settings.heartbeat_interval)
         self._loop.start()
+
+    def _beat(self) -> None:
+        # The full row (this run's profile) until it is written once, then one UPDATE.
+        if self._registered:
+            beat(self.settings, self.profile)
+        else:
+            heartbeat(self.settings, self.profile, started_at=self.started_at)
+            self._registered = True
 
     def stop(self) -> None:
         """Stop taking new work: mark the node offline, keep proving it is alive until exit."""

@@ -18,12 +18,13 @@ import time
 from typing import Any
 
 from celery import Celery
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
 from bidding.award import close_expired, send_execution, start_by
+from bidding.board import history_changed
 from bidding.config import Settings
 from bidding.errors import NodeLostError
 from bidding.models import Announcement
@@ -46,14 +47,31 @@ def sweep(settings: Settings, app: Celery) -> int:
 
     Returns the number of nodes alive, which sets the next sweep's interval.
     """
-    close_expired(settings, app)
-    announce_due(settings, app)
+    # Each phase on its own: a failing one (the bid board's Redis unreachable, say) must not
+    # stop the others, or retries, deferrals and watchdogs would stop with it.
+    for phase in (close_expired, announce_due):
+        try:
+            phase(settings, app)
+        except Exception:
+            logger.exception("sweep: %s failed", phase.__name__)
     return check_winners(settings, app)[1]
 
 
 def sweep_interval(settings: Settings, alive: int) -> float:
     """This node's seconds between sweeps when ``alive`` nodes sweep too."""
     return settings.sweep_interval * max(1.0, alive / SWEEPS_PER_INTERVAL)
+
+
+_ALIVE = select(Node.name).where(Node.last_heartbeat >= bindparam("cutoff"))
+_LOST = (
+    select(AnnouncementRow.attempt, AnnouncementRow.assigned_node, AnnouncementRow.state,
+           AnnouncementRow.spec)
+    .where(AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES)),
+           or_(AnnouncementRow.assigned_node.not_in(bindparam("alive", expanding=True)),
+               and_(AnnouncementRow.state == lifecycle.ASSIGNED,
+                    AnnouncementRow.due_at <= bindparam("now"))))
+    .limit(bindparam("limit"))
+)
 
 
 def check_winners(settings: Settings, app: Celery, now: float | None = None,
@@ -65,16 +83,11 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
     now = time.time() if now is None else now
     cutoff = dead_after(settings, now)
     with read_session(settings.database_url) as session:
-        alive = set(session.scalars(select(Node.name).where(Node.last_heartbeat >= cutoff)))
+        alive = set(session.scalars(_ALIVE, {"cutoff": cutoff}))
         rows = session.execute(
-            select(AnnouncementRow.attempt, AnnouncementRow.assigned_node,
-                   AnnouncementRow.state, AnnouncementRow.spec)
-            .where(AnnouncementRow.state.in_(lifecycle.IN_FLIGHT_STATES),
-                   or_(AnnouncementRow.assigned_node.not_in(sorted(alive)),
-                       and_(AnnouncementRow.state == lifecycle.ASSIGNED,
-                            AnnouncementRow.due_at <= now)))
-            .limit(limit)
-        ).all()
+            _LOST, {"alive": sorted(alive), "now": now, "limit": limit}).all()
+    if not rows:
+        return 0, len(alive)
     live = {n.name for n in query_live_nodes(settings, now)}
     moved = 0
     for attempt, node, state, spec in rows:
@@ -83,6 +96,7 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         rfp = Announcement.model_validate(spec)
         if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now):
             moved += 1
+            history_changed(settings, app, node)  # the lost attempt counts against it
     return moved, len(alive)
 
 

@@ -29,6 +29,7 @@ from celery.result import AsyncResult
 from bidding import execution
 from bidding.announce import announce, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
+from bidding.board import history_changed
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
 from bidding.settings import get_settings
@@ -93,7 +94,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if self.retry_policy is not None and "retry_policy" not in merged:
             merged["retry_policy"] = self.retry_policy
         rfp = build_announcement(self, settings, args, kwargs, merged, task_id)
-        return announce(self.app, settings, rfp, delay=delay, link=link, link_error=link_error)
+        return announce(self.app, settings, rfp, delay=delay, link=link, link_error=link_error,
+                        fresh_id=task_id is None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node, record the attempt around it and skip duplicates."""
@@ -112,9 +114,11 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         try:
             result = self.run(*args, **kwargs)
         except Retry:
+            history_changed(settings, self.app, run.node)
             raise  # self.retry(): apply_async above scheduled the next attempt
         except Exception as exc:
             verdict = execution.fail(settings, run, exc)
+            history_changed(settings, self.app, run.node)
             if verdict.retry_in is not None:
                 # Celery records RETRY (not FAILURE): .get() keeps waiting for the next attempt.
                 raise Retry(exc=exc, when=verdict.retry_in) from exc
@@ -122,6 +126,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                 raise verdict.error from exc
             raise
         verdict = execution.complete(settings, run, result)
+        # Before Celery stores the result: the caller may announce again as soon as it has it.
+        history_changed(settings, self.app, run.node)
         if verdict.error is not None:
             raise verdict.error
         return result
@@ -130,8 +136,12 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                    einfo: Any) -> None:
         """Record a hard time limit (reported by Celery in the worker's main process)."""
         if isinstance(exc, TimeLimitExceeded):
-            execution.hard_timeout(get_settings(self.app), task_id,
-                                   f"TimeLimitExceeded: hard time limit ({exc}) exceeded")
+            settings = get_settings(self.app)
+            # The request context here is not the task's: the store says which node failed.
+            node = execution.hard_timeout(
+                settings, task_id, f"TimeLimitExceeded: hard time limit ({exc}) exceeded")
+            if node is not None:
+                history_changed(settings, self.app, node)
 
     def progress(self, current: float, total: float, note: str = "") -> None:
         """Report progress from the body (AITP 5.3): a PROGRESS_UPDATE message, the task's

@@ -10,6 +10,7 @@ Why this is more than ``create_engine``:
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import sqlite3
@@ -39,6 +40,7 @@ class _Engines:
 _engines: dict[str, _Engines] = {}
 
 
+@functools.lru_cache(maxsize=64)
 def normalize_url(url: str) -> str:
     """Make a URL explicit about its driver: ``postgresql://`` means psycopg 3 here."""
     u = make_url(url)
@@ -47,6 +49,7 @@ def normalize_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
+@functools.lru_cache(maxsize=64)
 def is_sqlite(url: str) -> bool:
     """True when the URL names a SQLite database."""
     return make_url(url).get_backend_name() == "sqlite"

@@ -5,13 +5,19 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from celery.result import AsyncResult
+from sqlalchemy import func, insert, select
 
 import bidding
+from bidding.announce import build_announcement, row_values
 from bidding.award import close_auction
-from bidding.store import read_session
+from bidding.bid import NodeHistory, compute_bid
+from bidding.board import RedisBoard, get_board
+from bidding.profile import NodeProfile
+from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement, Message
 from tests.integration.app import failing, gpu, phantom, shared
 from tests.integration.conftest import NODES, Cluster, wait_for
@@ -159,10 +165,10 @@ def test_a_duplicated_award_executes_the_task_once(cluster: Cluster) -> None:
     try:
         result = shared.apply_async(("once",), bidding={"window": 3.0})
 
+        board = get_board(cluster.settings, cluster.app)
+
         def bids_in() -> bool:
-            with read_session(cluster.settings.database_url) as s:
-                row = s.get(Announcement, result.id)
-                return row is not None and row.bids_received == 3
+            return len(board.peek(result.id, 1)) == 3
 
         assert wait_for(bids_in, timeout=10)
         # when the award is triggered many times at once here, and again by every node's
@@ -228,3 +234,52 @@ def test_nodes_busy_with_long_tasks_still_bid_at_once(cluster: Cluster) -> None:
     assert result.get(timeout=20)["value"] == "next"
     for r in long_running:
         r.get(timeout=20)
+
+
+def test_bids_in_before_the_announcement_is_stored_still_win(cluster: Cluster) -> None:
+    # given an auction whose only bid is on the board before the caller's insert commits
+    # (new auctions ask for bids first, so the insert overlaps the bidding)
+    rfp = build_announcement(shared, cluster.settings, ("early",), {}, {})
+    north = NodeProfile(name="north", capabilities=NODES["north"], capacity=4,
+                        price_per_unit=0.01, latency_ms=50, trust=70)
+    get_board(cluster.settings, cluster.app).post(
+        compute_bid(rfp, north, NodeHistory()), expected=1, window=rfp.window)
+    awards: list[Any] = []
+    closer = threading.Thread(target=lambda: awards.append(close_auction(
+        cluster.settings, cluster.app, rfp.task_id, 1, "all bids in", rfp=rfp, candidates=1)))
+    # when the award starts first and the row is written 0.3 s later
+    closer.start()
+    time.sleep(0.3)
+    with write_session(cluster.settings.database_url) as s:
+        s.execute(insert(Announcement), [row_values(rfp, "BIDDING", ["north"])])
+    closer.join(timeout=10)
+    # then the award waited for the row, and the task runs on the bidder
+    assert awards and awards[0] is not None and awards[0].winner == "north"
+    assert AsyncResult(rfp.task_id, app=cluster.app).get(timeout=15)["node"] == "north"
+
+
+def test_an_open_auction_shows_its_bids_and_still_ends_if_the_board_is_lost(
+    cluster: Cluster,
+) -> None:
+    # given an open auction: three bids in, a fourth candidate that never answers
+    cluster.ghost(["shared"])
+    try:
+        result = shared.apply_async(("lost",), bidding={"window": 2.0})
+        board = get_board(cluster.settings, cluster.app)
+        assert wait_for(lambda: len(board.peek(result.id, 1)) == 3, timeout=10)
+        # then explain shows the auction open, with the three answers not scored yet
+        why = bidding.explain(result.id, app=cluster.app)
+        assert why.state == "BIDDING"
+        assert sorted(b.node for b in why.bids) == sorted(NODES)
+        assert all(b.score is None for b in why.bids)
+        # when the board's data is lost (as when Redis restarts without persistence)
+        assert isinstance(board, RedisBoard)
+        board.client.delete(board.key(result.id, 1))
+        # then the deadline sweeper still ends the auction, and says why
+        with pytest.raises(bidding.NoBidsError, match="none of 4 candidate"):
+            result.get(timeout=15)
+    finally:
+        cluster.bury()
+    why = bidding.explain(result.id, app=cluster.app)
+    assert (why.state, why.closed_by) == ("FAILED", "deadline")
+    assert "No bids received" in (why.error or "")

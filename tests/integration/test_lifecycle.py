@@ -17,7 +17,8 @@ from kombu import Connection
 from sqlalchemy import select
 
 import bidding
-from bidding.consumer import answer, request_queue
+from bidding.board import RedisBoard, get_board
+from bidding.consumer import RequestListener, answer, request_queue
 from bidding.federation import free_port
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat, invalidate_cache
@@ -100,9 +101,19 @@ def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
     stop = threading.Event()
 
     def run() -> None:
-        def on_request(body: dict[str, Any], message: Any) -> None:
+        def on_request(body: dict[str, Any], message: Any = None) -> None:
             answer(cluster.settings, cluster.app, profile, body)
 
+        board = get_board(cluster.settings, cluster.app)
+        if isinstance(board, RedisBoard):
+            listener = RequestListener(board, profile.name, on_request)
+            listener.start()
+            try:
+                while not stop.wait(0.5):
+                    heartbeat(cluster.settings, profile)
+            finally:
+                listener.stop()
+            return
         with Connection(cluster.app.conf.broker_url) as conn, conn.Consumer(
                 [request_queue(profile.name)], callbacks=[on_request], accept=["json"],
                 no_ack=True):

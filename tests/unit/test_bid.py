@@ -10,7 +10,14 @@ from typing import Any
 import pytest
 
 from bidding import lifecycle, scoring
-from bidding.bid import NodeHistory, compute_bid, gather_history, refusal_reason
+from bidding.bid import (
+    NodeHistory,
+    cached_history,
+    compute_bid,
+    forget_history,
+    gather_history,
+    refusal_reason,
+)
 from bidding.config import Settings, load_settings
 from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
@@ -281,3 +288,31 @@ def test_gathered_history_feeds_the_bid(store_url):
     assert bid.load == 0.75
     assert bid.in_flight == 1
     assert bid.trust == pytest.approx(75.0)
+
+
+# --- cached_history ------------------------------------------------------------------------
+
+
+def test_a_cached_history_is_reused_while_the_nodes_version_holds(store_url):
+    forget_history()
+    settings = store_settings(store_url, history_cache_seconds=60)
+    # given redfin's history read at history version 3
+    first = cached_history(settings, "redfin", "extraction", NOW, version=3)
+    # when it finishes an attempt that the store records
+    with write_session(store_url) as session:
+        session.add(episode("n1", "redfin", "extraction", False, NOW - 1))
+    # then a bid at the same version reuses the cached record ...
+    assert cached_history(settings, "redfin", "extraction", NOW, version=3) == first
+    # ... and a bid at the next version (the attempt raised it) reads the failure
+    assert cached_history(settings, "redfin", "extraction", NOW, version=4).outcomes == (False,)
+
+
+def test_without_a_version_the_history_is_read_every_time(store_url):
+    forget_history()
+    settings = store_settings(store_url)
+    # given a history read without a version (the store board, e.g. on RabbitMQ)
+    assert cached_history(settings, "redfin", "extraction", NOW).outcomes == ()
+    with write_session(store_url) as session:
+        session.add(episode("n1", "redfin", "extraction", True, NOW - 1))
+    # then the next bid sees the new episode at once
+    assert cached_history(settings, "redfin", "extraction", NOW).outcomes == (True,)

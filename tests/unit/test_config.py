@@ -21,7 +21,7 @@ def test_defaults_without_conf_or_environment():
     assert settings.no_bid == "fail"
     assert settings.min_confidence == 0.5
     assert settings.min_trust == 50.0
-    assert settings.candidate_cap == 16
+    assert settings.candidate_cap == 8
     assert settings.database_url == "sqlite:///bidding.db"
     assert settings.bid_threads == 4
     assert settings.sweep_interval == 0.2

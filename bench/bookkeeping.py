@@ -1,0 +1,195 @@
+#!/usr/bin/env python
+"""Micro-benchmark of the winning node's store bookkeeping: ``execution.begin`` and
+``execution.complete`` (the success path), per call, without Celery or a broker.
+
+    .venv/bin/python bench/bookkeeping.py [--tasks 500] [--db postgresql://127.0.0.1:5432/test]
+                                          [--budget 10] [--profile FILE]
+
+A fresh store (a SQLite file in a temp dir, WAL; or, with ``--db``, a new PostgreSQL database
+``bidding_bk_<hex>`` created on that server and dropped at the end) gets ``--tasks``
+announcements in state ASSIGNED, as ``announce`` and the award leave them (with their
+ANNOUNCED, BID and AWARDED messages). Then, task after task, as a worker does: ``begin`` and
+``complete``. For each it reports the wall time (median, p99), the CPU time of this process
+(median, via ``time.process_time``) and the SQL statements sent through SQLAlchemy
+(``before_cursor_execute``: SQLite's BEGIN IMMEDIATE and the COMMITs are not among them).
+``--profile FILE`` writes a cProfile of the timed loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+BENCH_DIR = Path(__file__).absolute().parent
+# Running as a script puts bench/ first on sys.path; its modules must not shadow the stdlib.
+sys.path[:] = [p for p in sys.path if Path(p or ".").absolute() != BENCH_DIR]
+if str(BENCH_DIR.parent) not in sys.path:
+    sys.path.insert(0, str(BENCH_DIR.parent))
+
+from sqlalchemy import create_engine, event, text  # noqa: E402
+from sqlalchemy.engine import make_url  # noqa: E402
+
+from bidding import execution, journal, lifecycle  # noqa: E402
+from bidding.config import Settings  # noqa: E402
+from bidding.models import Announcement  # noqa: E402
+from bidding.store import dispose_all, get_engine, upgrade, write_session  # noqa: E402
+from bidding.store.engine import normalize_url  # noqa: E402
+from bidding.store.schema import Announcement as AnnouncementRow  # noqa: E402
+
+NODE = "node-a"
+PRICE = 0.5
+T = TypeVar("T")
+
+
+@contextmanager
+def postgres_database(server_url: str) -> Iterator[str]:
+    """A new database on ``server_url``'s server, dropped on exit; yields its URL."""
+    admin_url = make_url(normalize_url(server_url))
+    name = f"bidding_bk_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def announcement(i: int, budget: float | None) -> Announcement:
+    """A typical announcement, as ``build_announcement`` makes it."""
+    return Announcement(
+        task_id=str(uuid.uuid4()), task_name="bench.app.noop", task_type="noop",
+        content=f'[[{i}], {{}}]', args=[i], kwargs={}, required_skills=["bench"],
+        strategy="weighted", window=2.0, budget=budget,
+    )
+
+
+def seed(url: str, tasks: int, budget: float | None) -> list[str]:
+    """``tasks`` announcements in state ASSIGNED to NODE (the rows announce + award write)."""
+    ids: list[str] = []
+    with write_session(url) as session:
+        for i in range(tasks):
+            rfp = announcement(i, budget)
+            now = time.time()
+            # bidding.announce._row, then the award's transition to ASSIGNED.
+            session.add(AnnouncementRow(
+                task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
+                content=rfp.content, required_skills=rfp.required_skills,
+                preferred_node=rfp.preferred_node, priority=rfp.priority,
+                deadline=rfp.deadline, budget=rfp.budget, strategy=rfp.strategy,
+                spec=rfp.model_dump(mode="json"), state=lifecycle.ASSIGNED,
+                attempt=rfp.attempt, candidates=[NODE], expected_bids=1, bids_received=1,
+                announced_at=rfp.announced_at, closes_at=rfp.announced_at + rfp.window,
+                due_at=None, assigned_node=NODE, awarded_at=now, winning_score=0.8,
+                outcome="awarded", closed_by="all bids in",
+            ))
+            journal.record(session, rfp.task_id, journal.ANNOUNCED, attempt=1,
+                           at=rfp.announced_at, task_type=rfp.task_type, candidates=[NODE],
+                           required_skills=rfp.required_skills)
+            journal.record(session, rfp.task_id, journal.BID, node=NODE, attempt=1, at=now)
+            journal.record(session, rfp.task_id, journal.AWARDED, node=NODE, attempt=1, at=now,
+                           outcome="awarded", strategy="weighted", score=0.8,
+                           closed_by="all bids in", latency_ms=1.0)
+            ids.append(rfp.task_id)
+    return ids
+
+
+class Meter:
+    """Wall time, CPU time and SQL statements of one kind of call."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+        self.statements: list[int] = []
+
+    def time(self, counter: list[int], call: Callable[[], T]) -> T:
+        before = counter[0]
+        cpu = time.process_time()
+        wall = time.perf_counter()
+        out = call()
+        self.wall.append(time.perf_counter() - wall)
+        self.cpu.append(time.process_time() - cpu)
+        self.statements.append(counter[0] - before)
+        return out
+
+    def row(self, name: str) -> str:
+        wall = sorted(self.wall)
+        p99 = wall[min(len(wall) - 1, int(0.99 * len(wall)))]
+        cpu = self.cpu
+        return (f"| {name:<8} | {statistics.median(wall) * 1e3:11.3f} | {p99 * 1e3:7.3f} "
+                f"| {statistics.median(cpu) * 1e3:7.3f} | {statistics.mean(cpu) * 1e3:7.3f} "
+                f"| {statistics.mean(self.statements):10.2f} |")
+
+
+def run(url: str, tasks: int, budget: float | None, profile: str | None) -> None:
+    upgrade(url)
+    settings = Settings(database_url=url, auto_migrate=False)
+    ids = seed(url, tasks, budget)
+    counter = [0]
+
+    def count(*_: Any) -> None:
+        counter[0] += 1
+
+    event.listen(get_engine(url), "before_cursor_execute", count)
+    # Warm up (connection pool, statement caches) on tasks that are not measured.
+    warm = seed(url, 20, budget)
+    for task_id in warm:
+        execution.complete(settings, execution.begin(settings, task_id, 1, NODE, PRICE), None)
+    began, completed = Meter(), Meter()
+    profiler = cProfile.Profile()
+    if profile:
+        profiler.enable()
+    for task_id in ids:
+        started = began.time(counter, partial(execution.begin, settings, task_id, 1, NODE, PRICE))
+        assert started.start is execution.Start.FIRST, started.start
+        verdict = completed.time(counter, partial(execution.complete, settings, started, {"ok": 1}))
+        assert verdict.error is None and verdict.retry_in is None, verdict
+    if profile:
+        profiler.disable()
+        profiler.dump_stats(profile)
+    with write_session(url) as session:
+        states = session.execute(text(
+            "SELECT state, count(*) FROM bidding_announcements GROUP BY state")).all()
+    assert dict((s, int(n)) for s, n in states) == {lifecycle.SUCCESS: tasks + len(warm)}, states
+    backend = make_url(url).get_backend_name()
+    print(f"\n{backend}: {tasks} tasks, budget={budget}\n")
+    print("| call     | wall p50 ms | p99 ms  | CPU p50 | CPU avg | statements |")
+    print("|----------|-------------|---------|---------|---------|------------|")
+    print(began.row("begin"))
+    print(completed.row("complete"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--tasks", type=int, default=500)
+    parser.add_argument("--db", help="a PostgreSQL server URL (a new database is created there)")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="give every task this budget (exercises the ledger sum)")
+    parser.add_argument("--profile", help="write a cProfile of the timed loop to this file")
+    args = parser.parse_args(argv)
+    try:
+        if args.db:
+            with postgres_database(args.db) as url:
+                run(url, args.tasks, args.budget, args.profile)
+        else:
+            with tempfile.TemporaryDirectory(prefix="bidding-bk-") as tmp:
+                run(f"sqlite:///{tmp}/store.db", args.tasks, args.budget, args.profile)
+    finally:
+        dispose_all()
+
+
+if __name__ == "__main__":
+    main()

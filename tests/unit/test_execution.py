@@ -1,0 +1,388 @@
+"""The winning node's bookkeeping (begin, complete, fail, hard_timeout) and ``transition``,
+on SQLite and PostgreSQL: states, columns, ledger, episodes and the exact message log."""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import create_engine, select, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
+
+from bidding import execution, journal, lifecycle
+from bidding.config import Settings
+from bidding.errors import CostExceededError, OutputValidationError
+from bidding.models import Announcement, RetryPolicy
+from bidding.store import dispose_all, read_session, upgrade, write_session
+from bidding.store.engine import normalize_url
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Episode, LedgerEntry, Message
+from bidding.transition import transition
+from tests.conftest import POSTGRES_URL, require
+
+NODE = "n1"
+PRICE = 0.5
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Settings]:
+    """A migrated store: the SQLite file of ``store_url``, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield Settings(database_url=store_url, auto_migrate=False)
+        return
+    server = make_url(normalize_url(POSTGRES_URL))
+    name = f"bidding_ut_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        require("PostgreSQL", False, str(exc).splitlines()[0])
+    url = server.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield Settings(database_url=url, auto_migrate=False)
+    finally:
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def assigned(settings: Settings, *, node: str = NODE, **fields: Any) -> Announcement:
+    """An announcement in state ASSIGNED to ``node`` (as announce and the award leave it)."""
+    rfp = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
+                       required_skills=["s1", "s2"], **fields)
+    with write_session(settings.database_url) as session:
+        session.add(AnnouncementRow(
+            task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
+            content=rfp.content, required_skills=rfp.required_skills, budget=rfp.budget,
+            strategy=rfp.strategy, spec=rfp.model_dump(mode="json"), state=lifecycle.ASSIGNED,
+            attempt=rfp.attempt, candidates=[node], expected_bids=1,
+            announced_at=rfp.announced_at, closes_at=rfp.announced_at + rfp.window,
+            due_at=rfp.announced_at + 30, assigned_node=node, awarded_at=rfp.announced_at,
+        ))
+    return rfp
+
+
+def log(settings: Settings, task_id: str) -> list[tuple[str, str | None, int, dict[str, Any]]]:
+    with read_session(settings.database_url) as session:
+        rows = session.scalars(select(Message).where(Message.task_id == task_id)
+                               .order_by(Message.id)).all()
+        return [(m.kind, m.node, m.attempt, m.detail) for m in rows]
+
+
+def times(settings: Settings, task_id: str) -> list[float]:
+    with read_session(settings.database_url) as session:
+        return list(session.scalars(select(Message.at).where(Message.task_id == task_id)
+                                    .order_by(Message.id)))
+
+
+def row(settings: Settings, task_id: str) -> AnnouncementRow:
+    with read_session(settings.database_url) as session:
+        found = session.get(AnnouncementRow, task_id)
+        assert found is not None
+        return found
+
+
+def ledger(settings: Settings, task_id: str) -> list[tuple[int, str, float, float, float]]:
+    with read_session(settings.database_url) as session:
+        return [(e.attempt, e.node, e.units, e.price_per_unit, e.total) for e in session.scalars(
+            select(LedgerEntry).where(LedgerEntry.task_id == task_id).order_by(LedgerEntry.id))]
+
+
+def episodes(settings: Settings, task_id: str) -> list[Episode]:
+    with read_session(settings.database_url) as session:
+        return list(session.scalars(select(Episode).where(Episode.task_id == task_id)
+                                    .order_by(Episode.id)))
+
+
+def illegal(target: str, wanted: str, current: str | None, *, node: str | None = NODE,
+            attempt: int | None = 1, current_attempt: int | None = 1,
+            current_node: str | None = NODE, expected_node: str | None = NODE,
+            ) -> tuple[str, str | None, int, dict[str, Any]]:
+    return (journal.ILLEGAL_TRANSITION, node, attempt or 1, {
+        "target": target, "wanted": wanted, "current": current,
+        "current_attempt": current_attempt if current else None,
+        "current_node": current_node if current else None,
+        "expected_attempt": attempt, "expected_node": expected_node})
+
+
+# --- begin ---------------------------------------------------------------------------------
+
+def test_begin_moves_an_assigned_task_to_executing(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert run.start is execution.Start.FIRST
+    assert run.rfp == rfp and run.price_per_unit == PRICE and run.began > 0
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.EXECUTING and found.due_at is None
+    assert log(settings, rfp.task_id) == [(journal.TASK_ACCEPTED, NODE, 1, {})]
+    assert found.started_at == times(settings, rfp.task_id)[0]
+
+
+def test_begin_again_on_the_same_node_is_a_redelivery(settings: Settings) -> None:
+    rfp = assigned(settings)
+    execution.begin(settings, rfp.task_id, 1, NODE)
+    started = row(settings, rfp.task_id).started_at
+    run = execution.begin(settings, rfp.task_id, 1, NODE)
+    assert run.start is execution.Start.REDELIVERED and run.rfp == rfp
+    assert row(settings, rfp.task_id).started_at == started
+    assert log(settings, rfp.task_id)[1:] == [
+        illegal(lifecycle.EXECUTING, journal.TASK_ACCEPTED, lifecycle.EXECUTING),
+        (journal.TASK_ACCEPTED, NODE, 1, {"redelivered": True}),
+    ]
+
+
+@pytest.mark.parametrize(("attempt", "node"), [(1, "n2"), (2, NODE)])
+def test_begin_elsewhere_or_for_another_attempt_is_a_duplicate(settings: Settings, attempt: int,
+                                                               node: str) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, attempt, node)
+    assert run.start is execution.Start.DUPLICATE and run.rfp == rfp
+    assert row(settings, rfp.task_id).state == lifecycle.ASSIGNED
+    assert log(settings, rfp.task_id) == [
+        illegal(lifecycle.EXECUTING, journal.TASK_ACCEPTED, lifecycle.ASSIGNED, node=node,
+                attempt=attempt, expected_node=node)]
+
+
+def test_begin_of_a_finished_task_is_a_duplicate(settings: Settings) -> None:
+    rfp = assigned(settings)
+    execution.complete(settings, execution.begin(settings, rfp.task_id, 1, NODE), None)
+    run = execution.begin(settings, rfp.task_id, 1, NODE)
+    assert run.start is execution.Start.DUPLICATE
+    assert log(settings, rfp.task_id)[-1] == illegal(lifecycle.EXECUTING, journal.TASK_ACCEPTED,
+                                                     lifecycle.SUCCESS)
+
+
+def test_begin_of_an_unknown_task(settings: Settings) -> None:
+    run = execution.begin(settings, "nope", 1, NODE, PRICE)
+    assert run.start is execution.Start.UNKNOWN and run.rfp is None
+    assert log(settings, "nope") == [illegal(lifecycle.EXECUTING, journal.TASK_ACCEPTED, None)]
+    assert execution.complete(settings, run, None) == execution.Verdict()
+
+
+# --- complete ------------------------------------------------------------------------------
+
+def test_complete_charges_records_and_succeeds(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert execution.complete(settings, run, {"ok": 1}) == execution.Verdict()
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.SUCCESS and found.error is None
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.TASK_COMPLETED, NODE, 1, {"cost": 0.5}),
+        (journal.TASK_SUCCEEDED, NODE, 1, {}),
+    ]
+    at = times(settings, rfp.task_id)
+    assert at[1] == at[2] == found.finished_at
+    assert ledger(settings, rfp.task_id) == [(1, NODE, 1.0, 0.5, 0.5)]
+    [ep] = episodes(settings, rfp.task_id)
+    assert (ep.attempt, ep.node, ep.task_type, ep.skills, ep.success, ep.cost, ep.error) == (
+        1, NODE, "noop", ["s1", "s2"], True, 0.5, None)
+    assert ep.finished_at == found.finished_at and ep.duration_s >= 0
+
+
+def test_complete_charges_the_reported_units(settings: Settings) -> None:
+    rfp = assigned(settings, units=2.0)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    run.units = 3.0
+    execution.complete(settings, run, None)
+    assert ledger(settings, rfp.task_id) == [(1, NODE, 3.0, 0.5, 1.5)]
+    assert log(settings, rfp.task_id)[1] == (journal.TASK_COMPLETED, NODE, 1, {"cost": 1.5})
+
+
+def test_complete_twice_changes_nothing_but_the_log(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    execution.complete(settings, run, None)
+    assert execution.complete(settings, run, None) == execution.Verdict()
+    assert row(settings, rfp.task_id).state == lifecycle.SUCCESS
+    assert len(ledger(settings, rfp.task_id)) == len(episodes(settings, rfp.task_id)) == 1
+    assert log(settings, rfp.task_id)[3:] == [
+        illegal(lifecycle.COMPLETED, journal.TASK_COMPLETED, lifecycle.SUCCESS)]
+
+
+def test_complete_after_a_reaward_is_refused_but_charged(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    with write_session(settings.database_url) as session:
+        assert transition(session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
+                          expect_attempt=1, message_node="n2", assigned_node="n2")
+    assert execution.complete(settings, run, None) == execution.Verdict()
+    assert row(settings, rfp.task_id).state == lifecycle.ASSIGNED
+    assert ledger(settings, rfp.task_id) == [(1, NODE, 1.0, 0.5, 0.5)]
+    assert len(episodes(settings, rfp.task_id)) == 1
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.REAWARDED, "n2", 1, {}),
+        illegal(lifecycle.COMPLETED, journal.TASK_COMPLETED, lifecycle.ASSIGNED,
+                current_node="n2"),
+    ]
+
+
+def test_complete_within_budget_succeeds(settings: Settings) -> None:
+    rfp = assigned(settings, budget=0.5)
+    execution.complete(settings, execution.begin(settings, rfp.task_id, 1, NODE, PRICE), None)
+    assert row(settings, rfp.task_id).state == lifecycle.SUCCESS
+
+
+def test_complete_over_budget_fails(settings: Settings) -> None:
+    rfp = assigned(settings, budget=0.1)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    verdict = execution.complete(settings, run, None)
+    assert isinstance(verdict.error, CostExceededError) and verdict.retry_in is None
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.FAILED
+    assert found.error == "spent 0.5000 of budget 0.1000"
+    assert found.finished_at == times(settings, rfp.task_id)[-1]
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.TASK_COMPLETED, NODE, 1, {"cost": 0.5}),
+        (journal.COST_EXCEEDED, NODE, 1, {"budget": 0.1, "spent": 0.5}),
+    ]
+    assert episodes(settings, rfp.task_id)[0].success is True
+
+
+def test_complete_with_invalid_output_fails(settings: Settings) -> None:
+    rfp = assigned(settings, output_schema={"type": "object", "required": ["x"]})
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    verdict = execution.complete(settings, run, {"y": 1})
+    assert isinstance(verdict.error, OutputValidationError)
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.FAILED and found.error == str(verdict.error)
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.TASK_COMPLETED, NODE, 1, {"cost": 0.5}),
+        (journal.OUTPUT_INVALID, NODE, 1, {"error": str(verdict.error)}),
+    ]
+    [ep] = episodes(settings, rfp.task_id)
+    assert ep.success is False and ep.error == str(verdict.error)
+
+
+def test_complete_with_valid_output_succeeds(settings: Settings) -> None:
+    rfp = assigned(settings, output_schema={"type": "object", "required": ["x"]})
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert execution.complete(settings, run, {"x": 1}) == execution.Verdict()
+    assert row(settings, rfp.task_id).state == lifecycle.SUCCESS
+
+
+# --- fail, hard_timeout --------------------------------------------------------------------
+
+def test_fail_without_retries_fails(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert execution.fail(settings, run, ValueError("boom")) == execution.Verdict()
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.FAILED and found.error == "ValueError: boom"
+    assert found.finished_at is not None
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.TASK_FAILED, NODE, 1, {"error": "ValueError: boom", "why": ""})]
+    assert ledger(settings, rfp.task_id) == [(1, NODE, 1.0, 0.5, 0.5)]
+    [ep] = episodes(settings, rfp.task_id)
+    assert ep.success is False and ep.error == "ValueError: boom"
+
+
+def test_fail_with_retries_left_retries(settings: Settings) -> None:
+    rfp = assigned(settings, retry_policy=RetryPolicy(max_retries=2, base_ms=1000))
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    verdict = execution.fail(settings, run, ValueError("boom"), random.Random(1))
+    assert verdict.retry_in == 1.0 and verdict.error is None
+    found = row(settings, rfp.task_id)
+    assert (found.state, found.attempt, found.assigned_node, found.error) == (
+        lifecycle.RETRYING, 2, None, "ValueError: boom")
+    nxt = Announcement.model_validate(found.spec)
+    assert (nxt.attempt, nxt.failures, nxt.spent, nxt.exclude_nodes) == (2, 1, 0.5, [NODE])
+    assert found.due_at == times(settings, rfp.task_id)[-1] + 1.0
+    assert log(settings, rfp.task_id)[1:] == [
+        (journal.TASK_FAILED, NODE, 1, {"error": "ValueError: boom", "will_retry": True}),
+        (journal.RETRYING, NODE, 2, {"delay_s": 1.0, "why": "retry 1 of 2", "next_attempt": 2,
+                                     "error": "ValueError: boom"}),
+    ]
+
+
+def test_fail_over_budget_fails_with_cost_exceeded(settings: Settings) -> None:
+    rfp = assigned(settings, budget=0.1, retry_policy=RetryPolicy(max_retries=2))
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    verdict = execution.fail(settings, run, ValueError("boom"))
+    assert isinstance(verdict.error, CostExceededError)
+    assert row(settings, rfp.task_id).state == lifecycle.FAILED
+    assert log(settings, rfp.task_id)[-1] == (journal.COST_EXCEEDED, NODE, 1, {
+        "error": "ValueError: boom", "why": "spent 0.5000 of budget 0.1000"})
+
+
+def test_retry_requested_moves_to_retrying(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert execution.retry_requested(settings, run, 2.0)
+    found = row(settings, rfp.task_id)
+    assert (found.state, found.attempt, found.error) == (lifecycle.RETRYING, 2, None)
+    assert log(settings, rfp.task_id)[-1] == (journal.RETRYING, NODE, 2, {
+        "delay_s": 2.0, "why": "the task called self.retry()", "next_attempt": 2})
+
+
+def test_hard_timeout_fails_an_executing_task(settings: Settings) -> None:
+    rfp = assigned(settings)
+    execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    assert execution.hard_timeout(settings, rfp.task_id, "TimeLimitExceeded")
+    assert row(settings, rfp.task_id).state == lifecycle.FAILED
+    assert log(settings, rfp.task_id)[-1] == (journal.TASK_FAILED, NODE, 1, {
+        "error": "TimeLimitExceeded", "why": "hard time limit"})
+    assert not execution.hard_timeout(settings, rfp.task_id, "TimeLimitExceeded")
+    assert episodes(settings, rfp.task_id)[0].success is False
+
+
+def test_progress_is_recorded(settings: Settings) -> None:
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    info = execution.report_progress(settings, run, 1, 4, "quarter")
+    assert row(settings, rfp.task_id).progress == info and info["percent"] == 25.0
+    assert log(settings, rfp.task_id)[-1] == (journal.PROGRESS_UPDATE, NODE, 1, {
+        "current": 1, "total": 4, "percent": 25.0, "note": "quarter"})
+
+
+# --- transition and journal ----------------------------------------------------------------
+
+def test_transition_refuses_sources_it_does_not_allow(settings: Settings) -> None:
+    with write_session(settings.database_url) as session, pytest.raises(ValueError):
+        transition(session, "x", lifecycle.SUCCESS, kind=journal.TASK_SUCCEEDED,
+                   from_states=(lifecycle.EXECUTING,))
+
+
+def test_transition_sets_json_values_and_updates_loaded_rows(settings: Settings) -> None:
+    rfp = assigned(settings)
+    with write_session(settings.database_url) as session:
+        loaded = session.get(AnnouncementRow, rfp.task_id)
+        assert loaded is not None
+        assert transition(session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+                          expect_attempt=1, expect_node=NODE, at=5.0, detail={"a": [1]},
+                          attempt=2, spec={"k": [1, "x"]}, assigned_node=None)
+        assert (loaded.state, loaded.attempt, loaded.spec) == (
+            lifecycle.RETRYING, 2, {"k": [1, "x"]})
+    found = row(settings, rfp.task_id)
+    assert (found.state, found.attempt, found.spec, found.assigned_node) == (
+        lifecycle.RETRYING, 2, {"k": [1, "x"]}, None)
+    assert log(settings, rfp.task_id) == [(journal.RETRYING, NODE, 2, {"a": [1]})]
+    assert times(settings, rfp.task_id) == [5.0]
+
+
+def test_transition_sees_rows_added_in_the_same_session(settings: Settings) -> None:
+    with write_session(settings.database_url) as session:
+        session.add(AnnouncementRow(task_id="t1", task_name="t", task_type="t", strategy="w",
+                                    spec={}, state=lifecycle.DEFERRED, announced_at=1.0,
+                                    closes_at=2.0))
+        assert transition(session, "t1", lifecycle.ESCALATED, kind=journal.ESCALATED,
+                          from_states=(lifecycle.DEFERRED,), error="why")
+    assert row(settings, "t1").state == lifecycle.ESCALATED
+    assert log(settings, "t1") == [(journal.ESCALATED, None, 1, {})]
+
+
+def test_journal_record_defaults(settings: Settings) -> None:
+    with write_session(settings.database_url) as session:
+        journal.record(session, "t2", journal.SCHEDULED, delay_s=1.5)
+        journal.record(session, "t2", journal.BID, node="n", attempt=3, at=7.0)
+    assert log(settings, "t2") == [(journal.SCHEDULED, None, 1, {"delay_s": 1.5}),
+                                   (journal.BID, "n", 3, {})]
+    assert times(settings, "t2")[0] > 1e9 and times(settings, "t2")[1] == 7.0

@@ -1,0 +1,68 @@
+"""Heartbeats and liveness on a real SQLite store (no broker)."""
+
+from __future__ import annotations
+
+from bidding.config import load_settings
+from bidding.profile import NodeProfile
+from bidding.registry import beat, heartbeat, mark_offline, query_live_nodes
+
+PROFILE = NodeProfile(name="redfin", capabilities=["pdf"], capacity=2, price_per_unit=0.01,
+                      latency_ms=30, trust=80)
+
+
+def test_a_started_node_is_live_with_its_profile(store_url: str) -> None:
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    # given a node that started (full heartbeat) at t=1000
+    heartbeat(settings, PROFILE, now=1000.0)
+    # then it is live just after, with its declared profile, and dead after the ttl
+    [node] = query_live_nodes(settings, now=1001.0)
+    assert (node.name, node.capabilities, node.capacity, node.trust) == ("redfin", ("pdf",), 2, 80)
+    assert query_live_nodes(settings, now=1000.0 + settings.heartbeat_ttl + 1) == []
+
+
+def test_the_periodic_beat_keeps_a_node_live(store_url: str) -> None:
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    heartbeat(settings, PROFILE, now=1000.0)
+    # when it beats again later
+    beat(settings, PROFILE, now=1100.0)
+    # then it is live at that later time, profile unchanged
+    [node] = query_live_nodes(settings, now=1101.0)
+    assert node.last_heartbeat == 1100.0 and node.capabilities == ("pdf",)
+
+
+def test_a_beat_after_the_row_is_gone_registers_the_node_again(store_url: str) -> None:
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    # given a node whose row does not exist (a fresh store)
+    # when it beats
+    beat(settings, PROFILE, now=2000.0)
+    # then it is registered with its full profile
+    [node] = query_live_nodes(settings, now=2001.0)
+    assert node.name == "redfin" and node.price_per_unit == 0.01
+
+
+def test_a_node_marked_offline_comes_back_online_with_its_next_beat(store_url: str) -> None:
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    heartbeat(settings, PROFILE, now=1000.0)
+    mark_offline(settings, "redfin")
+    assert query_live_nodes(settings, now=1001.0) == []
+    # when its consumer restarts and beats again
+    beat(settings, PROFILE, now=1002.0)
+    # then it is a candidate again
+    assert [n.name for n in query_live_nodes(settings, now=1003.0)] == ["redfin"]
+
+
+def test_a_store_that_fails_at_start_does_not_stop_the_node(tmp_path, caplog) -> None:
+    from bidding.registry import Heartbeat
+
+    # given a store the node cannot write to (as when it stays locked past the lock timeout)
+    settings = load_settings({"bidding_database_url": f"sqlite:///{tmp_path}/no/such/dir/s.db",
+                              "bidding_heartbeat_interval": 60}, environ={})
+    beats = Heartbeat(settings, PROFILE)
+    # when the node's heartbeat starts
+    try:
+        beats.start()
+        # then it logs why and keeps trying instead of raising (which would kill the worker)
+        assert "first heartbeat of node redfin failed" in caplog.text
+        assert beats._loop.running
+    finally:
+        beats._loop.stop()
