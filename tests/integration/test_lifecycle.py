@@ -92,6 +92,17 @@ def state_of(cluster: Cluster, task_id: str) -> str | None:
         return None if row is None else row.state
 
 
+def assert_reaches(cluster: Cluster, task_id: str, state: str, timeout: float) -> None:
+    """Wait for ``task_id`` to be in ``state``; on failure show its state and its log."""
+    if not wait_for(lambda: state_of(cluster, task_id) == state, timeout):
+        log = [(m.kind, m.node, m.detail) for m in messages(cluster, task_id)]
+        lines = [f"{name}: {line}" for name, node in cluster.federation.nodes.items()
+                 for line in node.log.read_text(errors="replace").splitlines()
+                 if task_id in line]
+        pytest.fail(f"{task_id} not {state} after {timeout}s: state "
+                    f"{state_of(cluster, task_id)}, log {log}, node logs:\n" + "\n".join(lines))
+
+
 @contextmanager
 def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
     """A node that heartbeats and bids (through the production bid code) but never executes:
@@ -232,7 +243,7 @@ def test_a_hard_time_limit_fails_the_task_for_the_caller_and_in_the_store(
     with pytest.raises(TimeLimitExceeded):
         result.get(timeout=15)
     # ... and the store agrees: FAILED, with the reason, not EXECUTING for ever
-    assert wait_for(lambda: state_of(nodes, result.id) == "FAILED", 5)
+    assert_reaches(nodes, result.id, "FAILED", 5)
     last = messages(nodes, result.id)[-1]
     assert last.kind == "TASK_FAILED" and last.detail["why"] == "hard time limit"
 
@@ -293,7 +304,7 @@ def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Clu
     # given no node with late_skill, and a task that defers every 0.5 s
     result = late.apply_async((5,), bidding={
         "fallbacks": {"on_capability_unavailable": "defer", "defer_seconds": 0.5}})
-    assert wait_for(lambda: state_of(nodes, result.id) == "DEFERRED", 5)
+    assert_reaches(nodes, result.id, "DEFERRED", 5)
     # when a capable node joins
     nodes.federation.start([write_profile(tmp_path, "latecomer", ["late_skill"])])
     nodes.federation.wait_live(nodes.settings, ["latecomer"], timeout=60)
@@ -310,7 +321,7 @@ def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
     # given a 3 s task running on some node
     key = f"slow-{time.time()}"
     result = slow.delay(key, 3.0)
-    assert wait_for(lambda: state_of(nodes, result.id) == "EXECUTING", 10)
+    assert_reaches(nodes, result.id, "EXECUTING", 20)
     victim = bidding.explain(result.id, app=nodes.app).winner
     assert victim in NODES
     # when that node is killed with SIGKILL (no warm shutdown, no heartbeat any more)
