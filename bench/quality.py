@@ -46,7 +46,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -165,6 +165,22 @@ def best_nodes(federation: Sequence[NodeSpec]) -> dict[str, str]:
     """The truly best node per task type among ``federation``."""
     return {t: max((s for s in federation if t in s.p_true), key=lambda s: s.p_true[t]).name
             for t in TASK_TYPES}
+
+
+def best_rates(federation: Sequence[NodeSpec]) -> dict[str, float]:
+    """The highest true success rate per task type among ``federation``."""
+    return {t: max(s.p_true[t] for s in federation if t in s.p_true) for t in TASK_TYPES}
+
+
+def replicate(federation: Sequence[NodeSpec], copies: int) -> tuple[NodeSpec, ...]:
+    """A federation ``copies`` times as large: every node, and ``copies - 1`` twins of it
+    (``atlas``, ``atlas-2``, ...) with the same profile and true rates. The offered load scales
+    with it (``arrival_rate``)."""
+    out = list(federation)
+    for k in range(2, copies + 1):
+        out += [replace(s, profile=s.profile.model_copy(update={"name": f"{s.name}-{k}"}))
+                for s in federation]
+    return tuple(out)
 
 
 def arrival_rate(federation: Sequence[NodeSpec]) -> float:
@@ -375,6 +391,8 @@ class Auction:
     #: A registered strategy name, or a strategy class (the proposals), as resolve_strategy takes.
     strategy_spec: str | type
     bid_fn: BidFn = compute_bid
+    #: ``bidding_candidate_cap`` (None: the production default; 0: ask every eligible node).
+    cap: int | None = None
     #: Resolved per run, its tie-break rng seeded, so that a run is reproducible.
     strategy: SelectionStrategy | None = None
 
@@ -387,7 +405,8 @@ class Auction:
         assert self.strategy is not None
         rfp = Announcement(task_id=f"t{task.idx}", task_name="sim.work", task_type=task.task_type,
                            content=task.content, required_skills=list(task.skills),
-                           strategy=strategy_name(self.strategy), announced_at=now)
+                           strategy=strategy_name(self.strategy), announced_at=now,
+                           **({} if self.cap is None else {"candidate_cap": self.cap}))
         # The registry lists live nodes ordered by name.
         live = sorted((_live(sim.specs[n].profile, now) for n in sim.present),
                       key=lambda n: n.name)
@@ -488,15 +507,20 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
     warm = int(n * WARMUP)
     join_idx = n // 2
     founders = [s for s in federation if not s.joins_mid_run]
-    best_before, best_after = best_nodes(founders), best_nodes(federation)
+    # "Best" is the highest true rate among the nodes present: with replicas, every copy of the
+    # best node counts.
+    best_before, best_after = best_rates(founders), best_rates(federation)
+    specs = {s.name: s for s in federation}
+    newcomers = {s.name for s in federation if s.joins_mid_run}
     ok = [r.success for r in recs]
     per_node = {s.name: sum(1 for r in recs if r.node == s.name) for s in federation}
     counts = [per_node[s.name] for s in founders]
     done = [r.finish - t.arrival for r, t in zip(recs, tasks, strict=True) if r.node is not None]
-    on_best = [r.node == (best_after if t.idx >= join_idx else best_before)[t.task_type]
+    on_best = [r.node is not None and specs[r.node].p_true[t.task_type]
+               == (best_after if t.idx >= join_idx else best_before)[t.task_type]
                for r, t in zip(recs, tasks, strict=True)]
     second = recs[join_idx:]
-    newcomer = sum(1 for r in second if r.node == NEWCOMER)
+    newcomer = sum(1 for r in second if r.node in newcomers)
     cum = [0]
     for x in ok:
         cum.append(cum[-1] + x)
@@ -515,7 +539,7 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
         per_node=per_node,
         rolling_success=rolling,
         specialization=[statistics.fmean(on_best[i:i + WINDOW]) for i in windows],
-        newcomer_windows=[sum(1 for r in recs[i:i + WINDOW] if r.node == NEWCOMER) / WINDOW
+        newcomer_windows=[sum(1 for r in recs[i:i + WINDOW] if r.node in newcomers) / WINDOW
                           for i in windows],
     )
 
@@ -632,6 +656,55 @@ def run_seed(args: tuple[int, int, float]) -> dict[str, Metrics]:
                        seed * 100_003 + zlib.crc32(label.encode()))
         out[label] = measure(sim, FEDERATION)
     return out
+
+
+def cap_study_seed(args: tuple[int, int, int, tuple[int, ...]]) -> dict[str, Metrics]:
+    """One seed of the candidate-cap study: FIFO, the oracle, and the default strategy asking at
+    most each cap, on the federation replicated ``copies`` times (``n_tasks`` per copy)."""
+    n_tasks, seed, copies, caps = args
+    federation = replicate(FEDERATION, copies)
+    tasks = make_tasks(n_tasks * copies, seed, arrival_rate(federation))
+    founders = registration_order(federation, seed)
+    policies: list[tuple[str, Policy]] = [("fifo", fifo), ("oracle", oracle)]
+    policies += [(cap_label(c), Auction("weighted", cap=c)) for c in caps]
+    out = {}
+    for label, policy in policies:
+        # The same stream for every cap: the caps differ only in whom they ask.
+        stream = label if label in ("fifo", "oracle") else "weighted"
+        sim = simulate(policy, tasks, federation, founders,
+                       seed * 100_003 + zlib.crc32(stream.encode()))
+        out[label] = measure(sim, federation)
+    return out
+
+
+def cap_label(cap: int) -> str:
+    """The study's row name of the default strategy asking at most ``cap`` nodes."""
+    return "weighted, every node asked" if cap == 0 else f"weighted, cap {cap}"
+
+
+def cap_study(results: list[dict[str, Metrics]], copies: int) -> str:
+    """The cap study as a markdown table (means +- sd over seeds)."""
+    nodes = len(FEDERATION) * copies
+    cols = ("policy", "success % after warm-up", "vs FIFO", "below oracle", "load max/mean",
+            "on best node % after warm-up", "newcomers % of 2nd half")
+    lines = [f"{nodes} nodes ({copies} x the federation), {len(results)} seed(s)", "",
+             "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for label in results[0]:
+        ms = [r[label] for r in results]
+        over_fifo = statistics.fmean(r[label].success_warm - r["fifo"].success_warm
+                                     for r in results)
+        under_oracle = statistics.fmean(r["oracle"].success_warm - r[label].success_warm
+                                        for r in results)
+        lines.append("| " + " | ".join([
+            label,
+            _ms([m.success_warm for m in ms], ".1f", 100),
+            f"{100 * over_fifo:+.1f}",
+            f"{100 * under_oracle:.1f}",
+            _ms([m.load_ratio for m in ms], ".2f"),
+            _ms([m.specialization_warm for m in ms], ".1f", 100),
+            _ms([m.newcomer_share for m in ms], ".1f", 100),
+        ]) + " |")
+    return "\n".join(lines)
 
 
 def _ms(values: Sequence[float], fmt: str, scale: float = 1.0) -> str:
@@ -800,9 +873,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--prior-episodes", type=float, default=PRIOR_EPISODES,
                         help="A of the proposals' estimate (successes + A) / (n + A) (default 2)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNGs")
+    parser.add_argument("--caps", default=None,
+                        help="candidate-cap study instead: caps to compare, e.g. 4,6,8,0 "
+                             "(0: every node); FIFO, the oracle and the default strategy only")
+    parser.add_argument("--copies", type=int, default=1,
+                        help="with --caps: replicate the federation this many times (default 1)")
     args = parser.parse_args(argv)
     started = time.perf_counter()
     seeds = list(range(args.seed, args.seed + args.seeds))
+    if args.caps is not None:
+        caps = tuple(int(c) for c in args.caps.split(",") if c.strip())
+        study = [(args.tasks, s, args.copies, caps) for s in seeds]
+        with ProcessPoolExecutor(max(1, min(args.jobs, len(seeds)))) as pool:
+            found = list(pool.map(cap_study_seed, study))
+        print(f"candidate-cap study: {args.tasks} tasks per copy, seeds {seeds}, "
+              f"warm-up {WARMUP:.0%}, newcomers join at mid-run")
+        print(cap_study(found, args.copies))
+        print(f"\n{time.perf_counter() - started:.1f} s")
+        return 0
     jobs = [(args.tasks, s, args.prior_episodes) for s in seeds]
     if args.jobs > 1 and len(seeds) > 1:
         with ProcessPoolExecutor(min(args.jobs, len(seeds))) as pool:
