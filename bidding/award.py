@@ -442,10 +442,9 @@ def send_execution(app: Celery, rfp: Announcement, node: str,
     ``timeout_seconds`` becomes the soft time limit (the body sees SoftTimeLimitExceeded and the
     timeout fallback applies), with a hard limit ``bidding_hard_timeout_grace`` seconds later.
     """
+    # No ``expires`` for the deadline: Celery would revoke a late message without a word to the
+    # store. BiddingTask checks the deadline as the attempt begins and fails the task, saying why.
     options: dict[str, Any] = {}
-    if rfp.deadline is not None:
-        # Celery revokes a message received after ``expires``: a late task is never started.
-        options["expires"] = rfp.deadline
     if rfp.timeout_seconds:
         grace = settings.hard_timeout_grace if settings is not None else 5.0
         options["soft_time_limit"] = rfp.timeout_seconds

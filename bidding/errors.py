@@ -43,6 +43,10 @@ class EscalatedError(BiddingError):
     """The task needs a human: it was deferred too often or no node could take it."""
 
 
+class DeadlinePassedError(BiddingError):
+    """The task reached its node after its deadline: it is failed without being started."""
+
+
 class NodeLostError(BiddingError):
     """The winning node went offline (or never started the task) and its fallback is to fail."""
 

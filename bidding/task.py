@@ -30,6 +30,7 @@ from bidding import execution
 from bidding.announce import announce, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
 from bidding.board import history_changed
+from bidding.errors import DeadlinePassedError
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
 from bidding.settings import get_settings
@@ -112,6 +113,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             raise Ignore()
         setattr(request, _RUNNING, run)
         try:
+            late = _past_deadline(run)
+            if late is not None:
+                raise late  # waited in the node's queue too long: the body must not start
             result = self.run(*args, **kwargs)
         except Retry:
             history_changed(settings, self.app, run.node)
@@ -171,3 +175,13 @@ def _delay(options: Mapping[str, Any]) -> float:
     if eta is not None:
         return max(0.0, float(eta.timestamp()) - time.time())
     return 0.0
+
+
+def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
+    """The error of an attempt that reached its node after the task's deadline, else None."""
+    deadline = run.rfp.deadline if run.rfp is not None else None
+    now = time.time()
+    if deadline is None or now < deadline:
+        return None
+    return DeadlinePassedError(
+        f"deadline passed {now - deadline:.3f}s before the task could start on {run.node}")

@@ -299,6 +299,27 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
     assert status.progress["percent"] == 100.0
 
 
+def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
+    nodes: Cluster,
+) -> None:
+    # given every execution slot busy for 3 s (three nodes, two slots each, three more queued)
+    blockers = [sleepy.delay(3.0) for _ in range(9)]
+    assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
+                    15)
+    # when a task with a deadline 1 s away is announced: it is awarded, and waits in a queue
+    key = f"late-{time.time()}"
+    result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 1.0})
+    # then it fails without starting, and the caller and the log say why
+    with pytest.raises(bidding.DeadlinePassedError, match="before the task could start"):
+        result.get(timeout=30)
+    assert nodes.counters.get(f"started:{key}") is None
+    assert state_of(nodes, result.id) == "FAILED"
+    failed = [m for m in messages(nodes, result.id) if m.kind == "TASK_FAILED"]
+    assert len(failed) == 1 and "DeadlinePassedError" in failed[0].detail["error"]
+    for b in blockers:
+        b.get(timeout=30)
+
+
 def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Cluster,
                                                                        tmp_path: Any) -> None:
     # given no node with late_skill, and a task that defers every 0.5 s
