@@ -408,7 +408,8 @@ class Auction:
                            strategy=strategy_name(self.strategy), announced_at=now,
                            **({} if self.cap is None else {"candidate_cap": self.cap}))
         # The registry lists live nodes ordered by name.
-        live = sorted((_live(sim.specs[n].profile, now) for n in sim.present),
+        live = sorted((_live(sim.specs[n].profile, now, sim.attempts[n], sim.successes[n])
+                       for n in sim.present),
                       key=lambda n: n.name)
         candidates = select_candidates(rfp, live, sim.rng)
         bids: list[Bid] = []
@@ -426,10 +427,12 @@ class Auction:
         return award.winner
 
 
-def _live(profile: NodeProfile, now: float) -> LiveNode:
+def _live(profile: NodeProfile, now: float, attempts: int, successes: int) -> LiveNode:
+    """The node as ``registry.query_live_nodes`` lists it, record included."""
     return LiveNode(name=profile.name, capabilities=tuple(profile.capabilities),
                     capacity=profile.capacity, price_per_unit=profile.price_per_unit,
-                    latency_ms=profile.latency_ms, trust=profile.trust, last_heartbeat=now)
+                    latency_ms=profile.latency_ms, trust=profile.trust, last_heartbeat=now,
+                    attempts=attempts, successes=successes)
 
 
 def registration_order(federation: Sequence[NodeSpec], seed: int) -> list[str]:

@@ -118,9 +118,16 @@ def build_announcement(
 
 
 def prior_score(rfp: Announcement, node: LiveNode) -> float:
-    """What the producer can tell about a node before it bids: skill match and declared trust."""
+    """What the producer can tell about a node before it bids: skill match, and its trust as
+    learned from its record (the declared trust moved toward its success rate, as in bids).
+
+    Declared trust alone let a node that claims every skill and high trust hold a place in the
+    best half however often it failed (bench/quality.py --caps, 32 nodes: cap 4 got 76.7%
+    success with declared trust, 85.6% with learned trust).
+    """
     match = scoring.capability_score(rfp.required_skills, node.capabilities)
-    return 0.7 * match + 0.3 * node.trust / 100.0
+    trust = scoring.learned_trust(node.trust, node.successes, node.attempts)
+    return 0.7 * match + 0.3 * trust / 100.0
 
 
 def select_candidates(

@@ -18,7 +18,16 @@ from typing import Any, Final, cast
 
 import jsonschema
 from celery.exceptions import SoftTimeLimitExceeded
-from sqlalchemy import Executable, Table, bindparam, func, insert, select, update
+from sqlalchemy import (
+    Executable,
+    Integer,
+    Table,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -32,7 +41,7 @@ from bidding.models import Announcement
 from bidding.retry import compute_delay, is_retryable
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode, LedgerEntry
+from bidding.store.schema import Episode, LedgerEntry, Node
 from bidding.transition import Step, apply, transition
 
 logger = logging.getLogger(__name__)
@@ -103,31 +112,44 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
 
 
-def _insert_once(session: Session, table: Table, values: dict[str, Any]) -> None:
-    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already)."""
+def _insert_once(session: Session, table: Table, values: dict[str, Any]) -> bool:
+    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already);
+    True when it was inserted."""
     dialect = session.get_bind().dialect.name
     stmt = _INSERT_ONCE.get((dialect, table.name))
     if stmt is None and dialect in _ON_CONFLICT:
-        stmt = _INSERT_ONCE[(dialect, table.name)] = _ON_CONFLICT[dialect](table)
+        # RETURNING says whether the row went in (psycopg reports no rowcount here).
+        stmt = _INSERT_ONCE[(dialect, table.name)] = _ON_CONFLICT[dialect](table).returning(
+            *table.primary_key.columns)
     if stmt is not None:
-        session.execute(stmt, values)
-        return
+        return session.execute(stmt, values).first() is not None
     try:  # another database: a savepoint, rolled back on the duplicate
         with session.begin_nested():
             session.execute(insert(table), values)
     except IntegrityError:
-        pass
+        return False
+    return True
 
 
-def _on_conflict_sqlite(table: Table) -> Executable:
+_RECORD = (update(Node).where(Node.name == bindparam("node"))
+           .values(attempts=Node.attempts + 1,
+                   successes=Node.successes + bindparam("won", type_=Integer)))
+
+
+def count_episode(session: Session, node: str, success: bool) -> None:
+    """Add one finished attempt to ``node``'s record (call once per new episode row)."""
+    session.execute(_RECORD, {"node": node, "won": int(success)})
+
+
+def _on_conflict_sqlite(table: Table) -> Any:
     return sqlite_insert(table).on_conflict_do_nothing()
 
 
-def _on_conflict_postgresql(table: Table) -> Executable:
+def _on_conflict_postgresql(table: Table) -> Any:
     return postgresql_insert(table).on_conflict_do_nothing()
 
 
-_ON_CONFLICT: Final[dict[str, Callable[[Table], Executable]]] = {
+_ON_CONFLICT: Final[dict[str, Callable[[Table], Any]]] = {
     "sqlite": _on_conflict_sqlite, "postgresql": _on_conflict_postgresql}
 _INSERT_ONCE: dict[tuple[str, str], Executable] = {}
 _LEDGER: Final = cast(Table, LedgerEntry.__table__)
@@ -156,11 +178,12 @@ def _episode(session: Session, run: Running, *, success: bool, now: float,
              cost: float, error: str | None) -> None:
     """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
     assert run.rfp is not None
-    _insert_once(session, _EPISODES, {
+    if _insert_once(session, _EPISODES, {
         "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
         "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
         "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
-        "error": error, "finished_at": now})
+        "error": error, "finished_at": now}):
+        count_episode(session, run.node, success)
 
 
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:

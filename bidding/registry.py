@@ -35,6 +35,9 @@ class LiveNode:
     latency_ms: float
     trust: float
     last_heartbeat: float
+    #: Its record: finished attempts, and how many succeeded.
+    attempts: int = 0
+    successes: int = 0
 
 
 def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None = None,
@@ -100,7 +103,7 @@ def mark_offline(settings: Settings, name: str) -> None:
 
 _LIVE = (
     select(Node.name, Node.capabilities, Node.capacity, Node.price_per_unit, Node.latency_ms,
-           Node.trust, Node.last_heartbeat)
+           Node.trust, Node.last_heartbeat, Node.attempts, Node.successes)
     .where(Node.status == "online", Node.last_heartbeat >= bindparam("cutoff"))
     .order_by(Node.name)
 )
@@ -115,7 +118,7 @@ def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveN
     return [
         LiveNode(name=r.name, capabilities=tuple(r.capabilities), capacity=r.capacity,
                  price_per_unit=r.price_per_unit, latency_ms=r.latency_ms, trust=r.trust,
-                 last_heartbeat=r.last_heartbeat)
+                 last_heartbeat=r.last_heartbeat, attempts=r.attempts, successes=r.successes)
         for r in rows
     ]
 

@@ -27,6 +27,7 @@ from bidding.award import close_expired, send_execution, start_by
 from bidding.board import history_changed
 from bidding.config import Settings
 from bidding.errors import NodeLostError
+from bidding.execution import count_episode
 from bidding.models import Announcement
 from bidding.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
@@ -169,4 +170,5 @@ def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reas
                                 success=False, duration_s=0.0, cost=0.0, error=reason,
                                 finished_at=now))
     except IntegrityError:  # already recorded (it ran and failed, or a sweep got there first)
-        pass
+        return
+    count_episode(session, node, False)

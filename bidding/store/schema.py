@@ -36,6 +36,10 @@ class Node(Base):
     status: Mapped[str] = mapped_column(String(16), default="online")
     started_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0, index=True)
+    #: Its finished attempts and how many succeeded (kept with the episodes), so that a caller
+    #: can rank candidates by learned trust without reading the episodes.
+    attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    successes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class Announcement(Base):

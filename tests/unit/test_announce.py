@@ -21,6 +21,7 @@ from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError, UnknownStrategyError
 from bidding.models import OPTION_KEYS, Announcement, Bid
 from bidding.registry import LiveNode
+from bidding.scoring import learned_trust
 from bidding.strategies import NodeCapability, WeightedScore
 
 # --- helpers -------------------------------------------------------------------------------
@@ -32,9 +33,11 @@ def make_rfp(**fields: Any) -> Announcement:
     return Announcement(**values)
 
 
-def live(name: str, capabilities: Sequence[str] = ("x",), trust: float = 70.0) -> LiveNode:
+def live(name: str, capabilities: Sequence[str] = ("x",), trust: float = 70.0,
+         attempts: int = 0, successes: int = 0) -> LiveNode:
     return LiveNode(name=name, capabilities=tuple(capabilities), capacity=4, price_per_unit=0.01,
-                    latency_ms=10.0, trust=trust, last_heartbeat=0.0)
+                    latency_ms=10.0, trust=trust, last_heartbeat=0.0, attempts=attempts,
+                    successes=successes)
 
 
 def task(name: str = "demo.tasks.extract", **attrs: Any) -> Any:
@@ -138,6 +141,19 @@ def test_prior_score_ranks_skill_match_before_trust():
     assert scores["full90"] == pytest.approx(0.97)
     assert scores["full10"] == pytest.approx(0.73)
     assert scores["half1"] == pytest.approx(0.65)
+
+
+def test_prior_score_uses_the_trust_a_node_has_earned():
+    # given a node declaring trust 90 that failed 18 of its 20 attempts, and one declaring 60
+    # that succeeded in all 20
+    boaster = live("boaster", ["a", "b"], trust=90, attempts=20, successes=2)
+    steady = live("steady", ["a", "b"], trust=60, attempts=20, successes=20)
+    # then the record counts as it does in their bids (scoring.learned_trust)
+    assert prior_score(CAP_RFP, steady) > prior_score(CAP_RFP, boaster)
+    assert prior_score(CAP_RFP, boaster) == pytest.approx(
+        0.7 + 0.3 * learned_trust(90, 2, 20) / 100)
+    # and a node without a record keeps its declared trust
+    assert prior_score(CAP_RFP, live("new", ["a", "b"], trust=90)) == pytest.approx(0.97)
 
 
 @pytest.mark.parametrize("seed", range(25))

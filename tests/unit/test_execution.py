@@ -17,6 +17,8 @@ from bidding import execution, journal, lifecycle
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError
 from bidding.models import Announcement, RetryPolicy
+from bidding.profile import NodeProfile
+from bidding.registry import heartbeat, query_live_nodes
 from bidding.store import dispose_all, read_session, upgrade, write_session
 from bidding.store.engine import normalize_url
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -332,6 +334,25 @@ def test_hard_timeout_fails_an_executing_task(settings: Settings) -> None:
         "error": "TimeLimitExceeded", "why": "hard time limit"})
     assert not execution.hard_timeout(settings, rfp.task_id, "TimeLimitExceeded")
     assert episodes(settings, rfp.task_id)[0].success is False
+
+
+def test_a_nodes_record_counts_each_attempt_once(settings: Settings) -> None:
+    # given a registered node
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1"], capacity=2))
+    # when it completes one attempt twice (a redelivery), fails another, and times out a third
+    ok = assigned(settings)
+    run = execution.begin(settings, ok.task_id, 1, NODE, PRICE)
+    execution.complete(settings, run, None)
+    execution.complete(settings, run, None)
+    bad = assigned(settings)
+    execution.fail(settings, execution.begin(settings, bad.task_id, 1, NODE, PRICE),
+                   ValueError("no"))
+    slow = assigned(settings)
+    execution.begin(settings, slow.task_id, 1, NODE, PRICE)
+    execution.hard_timeout(settings, slow.task_id, "TimeLimitExceeded")
+    # then the registry lists it with 3 attempts, 1 of them a success
+    [node] = query_live_nodes(settings)
+    assert (node.name, node.attempts, node.successes) == (NODE, 3, 1)
 
 
 def test_progress_is_recorded(settings: Settings) -> None:
