@@ -31,6 +31,12 @@ node, per window of 100 tasks) and the share of the second half won by a newcome
 mid-run with no history. Plots: ``bench/quality_*.png``.
 
 Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]``.
+
+Candidate-cap study: ``--caps 4,6,8,0 --copies K`` replicates the federation K times (twins with
+the same true rates, the offered load scaled with the capacity, N tasks per copy) and runs FIFO,
+the oracle and the default strategy asking at most each cap (0: every eligible node), all on the
+same tasks and random stream. "Best node" is then any node with the type's best true rate, and
+the newcomers are all the twins of the newcomer.
 """
 
 from __future__ import annotations

@@ -444,18 +444,20 @@ def send_execution(app: Celery, rfp: Announcement, node: str,
     """
     # No ``expires`` for the deadline: Celery would revoke a late message without a word to the
     # store. BiddingTask checks the deadline as the attempt begins and fails the task, saying why.
-    options: dict[str, Any] = {}
+    soft = hard = None
     if rfp.timeout_seconds:
         grace = settings.hard_timeout_grace if settings is not None else 5.0
-        options["soft_time_limit"] = rfp.timeout_seconds
-        options["time_limit"] = rfp.timeout_seconds + max(grace, 0.1)
-    app.send_task(
-        rfp.task_name,
-        args=rfp.args,
-        kwargs=rfp.kwargs,
-        task_id=rfp.task_id,
-        queue=exec_queue(node),
-        routing_key=exec_queue(node),
-        headers={ATTEMPT_HEADER: rfp.attempt, NODE_HEADER: node},
-        **options,
-    )
+        soft = rfp.timeout_seconds
+        hard = rfp.timeout_seconds + max(grace, 0.1)
+    # app.send_task minus its result bookkeeping: with a Redis result backend it subscribes this
+    # process to the task's result channel and unsubscribes when the AsyncResult is collected,
+    # two round trips (and a result message to drop later) for a process that never waits on
+    # the result. The message, its headers, signals and the task-sent event are Celery's own.
+    amqp = app.amqp
+    message = amqp.create_task_message(
+        rfp.task_id, rfp.task_name, rfp.args, rfp.kwargs, time_limit=hard, soft_time_limit=soft,
+        create_sent_event=bool(app.conf.task_send_sent_event), reply_to=app.thread_oid)
+    queue = exec_queue(node)
+    with app.producer_or_acquire() as producer:
+        amqp.send_task_message(producer, rfp.task_name, message, queue=queue, routing_key=queue,
+                               headers={ATTEMPT_HEADER: rfp.attempt, NODE_HEADER: node})
