@@ -18,6 +18,7 @@ retry policy allows: a new auction after the backoff, by default without the nod
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
+from sqlalchemy.engine import make_url
 
 from bidding import execution
 from bidding.announce import announce, build_announcement, check_options
@@ -34,6 +36,8 @@ from bidding.errors import DeadlinePassedError
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
 from bidding.settings import get_settings
+
+logger = logging.getLogger(__name__)
 
 _RUNNING = "bidding_running"
 
@@ -110,6 +114,13 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                               str(_header(request, NODE_HEADER)),
                               profile.price_per_unit if profile is not None else 0.0)
         if run.start is execution.Start.DUPLICATE:
+            raise Ignore()
+        if run.start is execution.Start.UNKNOWN:
+            # Awards are committed before their message is sent, so this message is not ours: a
+            # leftover on a reused broker, or a worker whose store is not the caller's.
+            logger.error("execution of %s (attempt %s) dropped: no such task in this node's "
+                         "store (%s); check bidding_database_url", request.id, attempt,
+                         make_url(settings.database_url).render_as_string(hide_password=True))
             raise Ignore()
         setattr(request, _RUNNING, run)
         try:

@@ -7,6 +7,7 @@ import json
 import signal
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -17,9 +18,11 @@ from kombu import Connection
 from sqlalchemy import select
 
 import bidding
+from bidding.award import send_execution
 from bidding.board import RedisBoard, get_board
 from bidding.consumer import RequestListener, answer, request_queue
 from bidding.federation import free_port
+from bidding.models import Announcement as Spec
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat, invalidate_cache
 from bidding.store import read_session
@@ -319,6 +322,22 @@ def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     assert len(failed) == 1 and "DeadlinePassedError" in failed[0].detail["error"]
     for b in blockers:
         b.get(timeout=30)
+
+
+def test_an_execution_message_for_a_task_the_store_does_not_know_is_dropped(
+    nodes: Cluster,
+) -> None:
+    # given an execution message for a task that was never announced in this store (a leftover
+    # on a reused broker, or a caller with another store)
+    key = f"stray-{time.time()}"
+    stray = Spec(task_id=str(uuid.uuid4()), task_name=slow.name, task_type="slow",
+                 args=[key, 0.1])
+    send_execution(nodes.app, stray, "north", nodes.settings)
+    # then the node drops it with an error naming the task, and the body never runs
+    log = nodes.federation.nodes["north"].log
+    assert wait_for(lambda: f"execution of {stray.task_id} (attempt 1) dropped"
+                    in log.read_text(errors="replace"), 15)
+    assert nodes.counters.get(f"started:{key}") is None
 
 
 def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Cluster,
