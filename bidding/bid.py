@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import Integer, bindparam, func, select
+from sqlalchemy import bindparam, func, select
 
 from bidding import lifecycle, scoring
 from bidding.config import Settings
@@ -17,7 +17,7 @@ from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode
+from bidding.store.schema import Episode, Node
 
 
 @dataclass(frozen=True)
@@ -98,8 +98,8 @@ _RECENT_FAILURES = (select(func.count()).select_from(Episode)
                            Episode.task_type == bindparam("task_type"),
                            Episode.success.is_(False),
                            Episode.finished_at >= bindparam("since")))
-_TOTALS = (select(func.count(), func.coalesce(func.sum(Episode.success.cast(Integer)), 0))
-           .where(Episode.node == bindparam("node")))
+# The node's record, kept with its episodes (counting them grew with the node's age).
+_TOTALS = select(Node.attempts, Node.successes).where(Node.name == bindparam("node"))
 
 
 def gather_history(
@@ -114,7 +114,7 @@ def gather_history(
         recent_failures = session.scalar(
             _RECENT_FAILURES, {"node": node, "task_type": task_type,
                                "since": now - settings.recent_failure_seconds}) or 0
-        totals = session.execute(_TOTALS, {"node": node}).one()
+        totals = session.execute(_TOTALS, {"node": node}).first() or (0, 0)
     return NodeHistory(
         outcomes=tuple(bool(ok) for (ok,) in latest),
         recent_failures=int(recent_failures),

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from sqlalchemy.orm import Session
 
 from bidding import lifecycle, scoring
 from bidding.bid import (
@@ -19,11 +20,12 @@ from bidding.bid import (
     refusal_reason,
 )
 from bidding.config import Settings, load_settings
+from bidding.execution import count_episode
 from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.store import write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode
+from bidding.store.schema import Episode, Node
 
 NOW = 10_000.0
 
@@ -56,6 +58,17 @@ def episode(task_id: str, node: str, task_type: str, success: bool, finished_at:
             attempt: int = 1) -> Episode:
     return Episode(task_id=task_id, attempt=attempt, node=node, task_type=task_type,
                    success=success, finished_at=finished_at)
+
+
+def record(session: Session, episodes: list[Episode]) -> None:
+    """Store episodes as a node's worker does: each one also counts in its node's record."""
+    for name in sorted({e.node for e in episodes}):
+        if session.get(Node, name) is None:
+            session.add(Node(name=name))
+    session.flush()
+    for e in episodes:
+        session.add(e)
+        count_episode(session, e.node, bool(e.success))
 
 
 def announcement(task_id: str, state: str, node: str | None) -> AnnouncementRow:
@@ -201,7 +214,7 @@ def test_history_reads_episodes_and_in_flight_work(store_url):
     # given redfin's episodes of "extraction" (inserted out of order), of another task type,
     # another node's episode, and announcements in every state
     with write_session(store_url) as session:
-        session.add_all([
+        record(session, [
             episode("e3", "redfin", "extraction", False, NOW - 200),  # not recent (> 100 s)
             episode("e1", "redfin", "extraction", False, NOW - 10),  # newest, recent
             episode("e4", "redfin", "extraction", True, NOW - 1000),  # beyond the window of 3
@@ -239,7 +252,7 @@ def test_history_reads_episodes_and_in_flight_work(store_url):
 def test_history_window_limits_outcomes(store_url):
     # given 12 alternating episodes and the default experience window of 10
     with write_session(store_url) as session:
-        session.add_all([episode(f"e{i}", "redfin", "extraction", i % 2 == 0, NOW - i)
+        record(session, [episode(f"e{i}", "redfin", "extraction", i % 2 == 0, NOW - i)
                          for i in range(12)])
     history = gather_history(store_settings(store_url), "redfin", "extraction", now=NOW)
     # then the 10 newest are used, newest (i = 0, a success) first
@@ -251,7 +264,7 @@ def test_history_window_limits_outcomes(store_url):
 def test_recent_failure_cutoff_is_inclusive(store_url):
     # given failures exactly 100 s old and 100.5 s old, with a 100 s recency
     with write_session(store_url) as session:
-        session.add_all([episode("e1", "redfin", "extraction", False, NOW - 100),
+        record(session, [episode("e1", "redfin", "extraction", False, NOW - 100),
                          episode("e2", "redfin", "extraction", False, NOW - 100.5)])
     settings = store_settings(store_url, recent_failure_seconds=100)
     # when the history is gathered
@@ -264,7 +277,7 @@ def test_recent_failure_cutoff_is_inclusive(store_url):
 def test_recent_failures_are_not_limited_by_the_experience_window(store_url):
     # given 3 failures in the last minute and an experience window of 2
     with write_session(store_url) as session:
-        session.add_all([episode(f"e{i}", "redfin", "extraction", False, NOW - 10 * i)
+        record(session, [episode(f"e{i}", "redfin", "extraction", False, NOW - 10 * i)
                          for i in range(1, 4)])
     settings = store_settings(store_url, experience_window=2, recent_failure_seconds=3600)
     # when the history is gathered
@@ -277,9 +290,9 @@ def test_recent_failures_are_not_limited_by_the_experience_window(store_url):
 def test_gathered_history_feeds_the_bid(store_url):
     # given 2 successes of 2 for redfin and one task in flight
     with write_session(store_url) as session:
-        session.add_all([episode("e1", "redfin", "extraction", True, NOW - 10),
-                         episode("e2", "redfin", "extraction", True, NOW - 20),
-                         announcement("a1", lifecycle.EXECUTING, "redfin")])
+        record(session, [episode("e1", "redfin", "extraction", True, NOW - 10),
+                         episode("e2", "redfin", "extraction", True, NOW - 20)])
+        session.add(announcement("a1", lifecycle.EXECUTING, "redfin"))
     history = gather_history(store_settings(store_url), "redfin", "extraction", now=NOW)
     # when redfin bids on an extraction task
     bid = bid_of(make_rfp(task_type="extraction"), history)
@@ -300,7 +313,7 @@ def test_a_cached_history_is_reused_while_the_nodes_version_holds(store_url):
     first = cached_history(settings, "redfin", "extraction", NOW, version=3)
     # when it finishes an attempt that the store records
     with write_session(store_url) as session:
-        session.add(episode("n1", "redfin", "extraction", False, NOW - 1))
+        record(session, [episode("n1", "redfin", "extraction", False, NOW - 1)])
     # then a bid at the same version reuses the cached record ...
     assert cached_history(settings, "redfin", "extraction", NOW, version=3) == first
     # ... and a bid at the next version (the attempt raised it) reads the failure
@@ -313,6 +326,6 @@ def test_without_a_version_the_history_is_read_every_time(store_url):
     # given a history read without a version (the store board, e.g. on RabbitMQ)
     assert cached_history(settings, "redfin", "extraction", NOW).outcomes == ()
     with write_session(store_url) as session:
-        session.add(episode("n1", "redfin", "extraction", True, NOW - 1))
+        record(session, [episode("n1", "redfin", "extraction", True, NOW - 1)])
     # then the next bid sees the new episode at once
     assert cached_history(settings, "redfin", "extraction", NOW).outcomes == (True,)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect, select
+from sqlalchemy import inspect, select, text
 
 from bidding.stats import percentile
 from bidding.store import (
@@ -166,6 +166,28 @@ def test_concurrent_ensure_schema_all_succeed(fresh_url):
     # then none fails and the store is at head
     assert errors == [None] * 8
     assert revision_of(fresh_url) == migrate.head_revision()
+
+
+def test_upgrading_to_the_node_record_counts_the_episodes_already_stored(fresh_url):
+    # given a store at the first revision with two nodes and three finished attempts
+    upgrade(fresh_url, "0001")
+    with get_engine(fresh_url).begin() as conn:
+        for name in ("redfin", "bluefin"):
+            conn.execute(text(
+                "INSERT INTO bidding_nodes (name, capabilities, capacity, price_per_unit, "
+                "latency_ms, trust, description, hostname, status, started_at, last_heartbeat) "
+                "VALUES (:n, '[]', 1, 0, 0, 50, '', '', 'online', 0, 0)"), {"n": name})
+        for i, (node, ok) in enumerate([("redfin", True), ("redfin", False), ("bluefin", True)]):
+            conn.execute(text(
+                "INSERT INTO bidding_episodes (task_id, attempt, node, task_type, skills, "
+                "success, duration_s, cost, finished_at) "
+                "VALUES (:t, 1, :n, 'x', '[]', :ok, 0, 0, 0)"), {"t": f"t{i}", "n": node, "ok": ok})
+    # when it is upgraded to head
+    upgrade(fresh_url)
+    # then each node's record counts its episodes
+    with read_session(fresh_url) as session:
+        found = {n.name: (n.attempts, n.successes) for n in session.scalars(select(Node))}
+    assert found == {"redfin": (2, 1), "bluefin": (1, 1)}
 
 
 # --- stats.percentile (nearest rank) -------------------------------------------------------
