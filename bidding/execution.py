@@ -112,17 +112,21 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
 
 
-def _insert_once(session: Session, table: Table, values: dict[str, Any]) -> bool:
-    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already);
-    True when it was inserted."""
+def _insert_once(session: Session, table: Table, values: dict[str, Any],
+                 report: bool = False) -> bool:
+    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already).
+    With ``report``, say whether it was inserted (else True)."""
     dialect = session.get_bind().dialect.name
-    stmt = _INSERT_ONCE.get((dialect, table.name))
+    key = (dialect, table.name, report)
+    stmt = _INSERT_ONCE.get(key)
     if stmt is None and dialect in _ON_CONFLICT:
-        # RETURNING says whether the row went in (psycopg reports no rowcount here).
-        stmt = _INSERT_ONCE[(dialect, table.name)] = _ON_CONFLICT[dialect](table).returning(
-            *table.primary_key.columns)
+        stmt = _ON_CONFLICT[dialect](table)
+        if report:  # RETURNING tells (psycopg reports no rowcount here); it costs a fetch
+            stmt = stmt.returning(*table.primary_key.columns)
+        _INSERT_ONCE[key] = stmt
     if stmt is not None:
-        return session.execute(stmt, values).first() is not None
+        result = session.execute(stmt, values)
+        return result.first() is not None if report else True
     try:  # another database: a savepoint, rolled back on the duplicate
         with session.begin_nested():
             session.execute(insert(table), values)
@@ -131,9 +135,11 @@ def _insert_once(session: Session, table: Table, values: dict[str, Any]) -> bool
     return True
 
 
-_RECORD = (update(Node).where(Node.name == bindparam("node"))
-           .values(attempts=Node.attempts + 1,
-                   successes=Node.successes + bindparam("won", type_=Integer)))
+_NODES: Final = cast(Table, Node.__table__)
+# Core, not ORM: an ORM UPDATE first works out which loaded objects to refresh.
+_RECORD = (update(_NODES).where(_NODES.c.name == bindparam("node"))
+           .values(attempts=_NODES.c.attempts + 1,
+                   successes=_NODES.c.successes + bindparam("won", type_=Integer)))
 
 
 def count_episode(session: Session, node: str, success: bool) -> None:
@@ -151,7 +157,7 @@ def _on_conflict_postgresql(table: Table) -> Any:
 
 _ON_CONFLICT: Final[dict[str, Callable[[Table], Any]]] = {
     "sqlite": _on_conflict_sqlite, "postgresql": _on_conflict_postgresql}
-_INSERT_ONCE: dict[tuple[str, str], Executable] = {}
+_INSERT_ONCE: dict[tuple[str, str, bool], Executable] = {}
 _LEDGER: Final = cast(Table, LedgerEntry.__table__)
 _EPISODES: Final = cast(Table, Episode.__table__)
 _SPENT: Final = select(func.coalesce(func.sum(_LEDGER.c.total), 0.0)).where(
@@ -178,7 +184,7 @@ def _episode(session: Session, run: Running, *, success: bool, now: float,
              cost: float, error: str | None) -> None:
     """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
     assert run.rfp is not None
-    if _insert_once(session, _EPISODES, {
+    if _insert_once(session, _EPISODES, report=True, values={
         "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
         "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
         "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
