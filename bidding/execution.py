@@ -56,7 +56,8 @@ class Start(Enum):
     REDELIVERED = "redelivered"
     #: Finished, or awarded elsewhere since: do not run it.
     DUPLICATE = "duplicate"
-    #: The store has no such announcement (a store mismatch): run, but record nothing.
+    #: The store has no such announcement (a leftover message, or a store mismatch): the task
+    #: drops it without running the body.
     UNKNOWN = "unknown"
 
 

@@ -126,7 +126,11 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         try:
             late = _past_deadline(run)
             if late is not None:
-                raise late  # waited in the node's queue too long: the body must not start
+                # It waited in the node's queue too long: the body must not start. Nothing ran,
+                # so nothing is charged; the failed episode counts against the node, which took
+                # work it could not start in time (as a missed schedule-to-start does).
+                run.units = 0.0
+                raise late
             result = self.run(*args, **kwargs)
         except Retry:
             history_changed(settings, self.app, run.node)

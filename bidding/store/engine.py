@@ -4,16 +4,12 @@ Why this is more than ``create_engine``:
 - a forked Celery child must not reuse its parent's pooled connections, so engines are keyed by
   process id and a child builds its own (``reset_after_fork`` runs in ``worker_process_init``);
 - SQLite's deferred transactions fail with "database is locked" instead of waiting when two
-  writers upgrade at once, so writes begin with ``BEGIN IMMEDIATE`` and the database runs in WAL
-  mode, where readers never block writers;
-- SQLite has one writer at a time and its waiters poll (sleep, retry). Our writers queue on a
-  file lock beside the database instead (``<file>-writer.lock``): a waiter sleeps in the kernel
-  and wakes the moment the holder commits, and burns no CPU retrying meanwhile.
+  writers upgrade at once, so writes begin with ``BEGIN IMMEDIATE`` (they wait ``busy_timeout``)
+  and the database runs in WAL mode, where readers never block writers.
 """
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import os
 import random
@@ -21,9 +17,8 @@ import sqlite3
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from pathlib import Path
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
@@ -34,71 +29,12 @@ _WRITE_OPTION = "bidding_write"
 _lock = threading.Lock()
 
 
-class WriterLock:
-    """The right to write one SQLite file: a thread lock within the process, ``flock`` across
-    processes.
-
-    Waiting in ``flock`` is wake-on-release: with SQLite's own polling (or ours, below) a busy
-    store spent much of its time in waiters' sleeps and retries while the lock stood free
-    (bench/latency.py, bursts). The kernel drops the lock of a process that dies, so a killed
-    node cannot leave it held. Re-entrant in a thread: only the outermost hold takes the file.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._thread = threading.RLock()
-        self._depth = 0
-        self._fd: int | None = None
-
-    @contextmanager
-    def held(self) -> Iterator[None]:
-        """Hold the lock for the body (a write transaction)."""
-        with self._thread:
-            outer = self._depth == 0
-            if outer:
-                fcntl.flock(self._file(), fcntl.LOCK_EX)
-            self._depth += 1
-            try:
-                yield
-            finally:
-                self._depth -= 1
-                if outer:
-                    fcntl.flock(self._file(), fcntl.LOCK_UN)
-
-    def _file(self) -> int:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        return self._fd
-
-    def close(self) -> None:
-        """Close the lock file (this process no longer writes)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def writer_lock_path(url: str) -> Path | None:
-    """The writer lock file of a SQLite URL (None: not SQLite, or an in-memory database)."""
-    if not is_sqlite(url):
-        return None
-    database = make_url(url).database
-    if not database or database == ":memory:" or database.startswith("file::memory:"):
-        return None
-    return Path(database + "-writer.lock")
-
-
 @dataclass(frozen=True)
 class _Engines:
     pid: int
     engine: Engine
     reader: sessionmaker[Session]
     writer: sessionmaker[Session]
-    lock: WriterLock | None = field(default=None)
-
-    def writing(self) -> AbstractContextManager[None]:
-        """Hold the store's writer lock, if it has one."""
-        return self.lock.held() if self.lock is not None else nullcontext()
 
 
 _engines: dict[str, _Engines] = {}
@@ -134,13 +70,11 @@ def _build(url: str) -> _Engines:
     if is_sqlite(url):
         _configure_sqlite(engine)
     writer_engine = engine.execution_options(**{_WRITE_OPTION: True})
-    lock_path = writer_lock_path(url)
     return _Engines(
         pid=os.getpid(),
         engine=engine,
         reader=sessionmaker(bind=engine, expire_on_commit=False),
         writer=sessionmaker(bind=writer_engine, expire_on_commit=False),
-        lock=WriterLock(lock_path) if lock_path is not None else None,
     )
 
 
@@ -167,10 +101,10 @@ def _configure_sqlite(engine: Engine) -> None:
 def _begin_immediate(dbapi_connection: Any, timeout: float = 30.0) -> None:
     """Take SQLite's write lock, polling finely.
 
-    Our own writers already hold the ``WriterLock``, so this waits only for other programs
-    (a migration, the sqlite3 shell). SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms
-    between tries, far longer than the ~1 ms the lock is held; here the handler is off for this
-    one statement and we retry every 0.2-2 ms with jitter.
+    SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries, so a writer often
+    sleeps far longer than the ~1 ms the lock is held; under a dozen concurrent bid writers that
+    was most of an auction's time (bench/latency.py). Here the handler is off for this one
+    statement and we retry every 0.2-2 ms with jitter.
     """
     deadline = time.monotonic() + timeout
     pause = 0.0002
@@ -204,7 +138,6 @@ def engines(url: str) -> _Engines:
         if found is None or found.pid != os.getpid():
             if found is not None:
                 # Inherited from the parent: drop the pool without closing the parent's sockets.
-                # The writer lock's descriptor is shared with the parent: open a file of our own.
                 found.engine.dispose(close=False)
             found = _build(key)
             _engines[key] = found
@@ -225,12 +158,8 @@ def read_session(url: str) -> Iterator[Session]:
 
 @contextmanager
 def write_session(url: str) -> Iterator[Session]:
-    """A session whose transaction is committed on success and rolled back on error.
-
-    On SQLite it holds the store's writer lock from before BEGIN until after COMMIT.
-    """
-    found = engines(url)
-    with found.writing(), found.writer() as session, session.begin():
+    """A session whose transaction is committed on success and rolled back on error."""
+    with engines(url).writer() as session, session.begin():
         yield session
 
 
@@ -249,6 +178,4 @@ def dispose_all() -> None:
         for found in _engines.values():
             if found.pid == os.getpid():
                 found.engine.dispose()
-                if found.lock is not None:
-                    found.lock.close()
         _engines.clear()

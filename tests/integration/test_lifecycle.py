@@ -26,7 +26,7 @@ from bidding.models import Announcement as Spec
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat, invalidate_cache
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Episode, Message
+from bidding.store.schema import Announcement, Episode, LedgerEntry, Message, Node
 from tests.integration.app import (
     flaky,
     ghostly,
@@ -93,6 +93,14 @@ def state_of(cluster: Cluster, task_id: str) -> str | None:
     with read_session(cluster.settings.database_url) as s:
         row = s.get(Announcement, task_id)
         return None if row is None else row.state
+
+
+def node_record(cluster: Cluster, name: str) -> tuple[int, int]:
+    """A node's record in the store: finished attempts and successes."""
+    with read_session(cluster.settings.database_url) as s:
+        row = s.get(Node, name)
+        assert row is not None
+        return row.attempts, row.successes
 
 
 def assert_reaches(cluster: Cluster, task_id: str, state: str, timeout: float) -> None:
@@ -305,14 +313,14 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
 def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     nodes: Cluster,
 ) -> None:
-    # given every execution slot busy for 3 s (three nodes, two slots each, three more queued;
-    # a task type every node still bids on with confidence: earlier tests failed `sleepy`)
-    blockers = [steps.delay(3, 1.0) for _ in range(9)]
+    # given every execution slot busy for 5 s (three nodes, two slots each; a task type every
+    # node still bids on with confidence: earlier tests failed `sleepy`)
+    blockers = [steps.delay(5, 1.0) for _ in range(6)]
     assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
                     15)
-    # when a task with a deadline 1 s away is announced: it is awarded, and waits in a queue
+    # when a task with a deadline 2 s away is announced: it is awarded, and waits in a queue
     key = f"late-{time.time()}"
-    result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 1.0})
+    result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0})
     # then it fails without starting, and the caller and the log say why
     with pytest.raises(bidding.DeadlinePassedError, match="before the task could start"):
         result.get(timeout=30)
@@ -320,6 +328,10 @@ def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     assert state_of(nodes, result.id) == "FAILED"
     failed = [m for m in messages(nodes, result.id) if m.kind == "TASK_FAILED"]
     assert len(failed) == 1 and "DeadlinePassedError" in failed[0].detail["error"]
+    # and nothing is charged for the body that never ran
+    with read_session(nodes.settings.database_url) as s:
+        assert sum(e.total for e in s.scalars(
+            select(LedgerEntry).where(LedgerEntry.task_id == result.id))) == 0.0
     for b in blockers:
         b.get(timeout=30)
 
@@ -365,6 +377,7 @@ def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
     assert_reaches(nodes, result.id, "EXECUTING", 20)
     victim = bidding.explain(result.id, app=nodes.app).winner
     assert victim in NODES
+    record_before = node_record(nodes, victim)
     # when that node is killed with SIGKILL (no warm shutdown, no heartbeat any more)
     nodes.federation.kill(victim, signal.SIGKILL)
     # then, once its heartbeat is older than the TTL, the next-best bidder runs the task
@@ -378,3 +391,6 @@ def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
         lost = s.scalars(select(Episode).where(Episode.task_id == result.id,
                                                Episode.node == victim)).one()
     assert lost.success is False
+    # and the lost attempt counts in the victim's record, as a failure
+    attempts, successes = node_record(nodes, victim)
+    assert (attempts - record_before[0], successes - record_before[1]) == (1, 0)
