@@ -5,7 +5,9 @@ Why this is more than ``create_engine``:
   process id and a child builds its own (``reset_after_fork`` runs in ``worker_process_init``);
 - SQLite's deferred transactions fail with "database is locked" instead of waiting when two
   writers upgrade at once, so writes begin with ``BEGIN IMMEDIATE`` (they wait ``busy_timeout``)
-  and the database runs in WAL mode, where readers never block writers.
+  and the database runs in WAL mode, where readers never block writers;
+- sessions hold the fork guard (``forkguard``), so that no pool process is forked while another
+  thread is inside the SQLite library.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+from bidding.store.forkguard import guard
 
 _WRITE_OPTION = "bidding_write"
 _lock = threading.Lock()
@@ -152,14 +156,14 @@ def get_engine(url: str) -> Engine:
 @contextmanager
 def read_session(url: str) -> Iterator[Session]:
     """A session for reads; it never takes SQLite's write lock."""
-    with engines(url).reader() as session:
+    with guard.inside(), engines(url).reader() as session:
         yield session
 
 
 @contextmanager
 def write_session(url: str) -> Iterator[Session]:
     """A session whose transaction is committed on success and rolled back on error."""
-    with engines(url).writer() as session, session.begin():
+    with guard.inside(), engines(url).writer() as session, session.begin():
         yield session
 
 

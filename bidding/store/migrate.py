@@ -20,6 +20,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
 from bidding.store.engine import get_engine, is_sqlite, normalize_url
+from bidding.store.forkguard import guard
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _ADVISORY_KEY = 7_404_119_005  # any constant shared by every process of this product
@@ -78,7 +79,7 @@ def upgrade(url: str, revision: str = "head") -> None:
         database = make_url(url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
-    with _migration_lock(url), get_engine(url).begin() as conn:
+    with guard.inside(), _migration_lock(url), get_engine(url).begin() as conn:
         cfg = alembic_config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
@@ -92,7 +93,7 @@ def ensure_schema(url: str) -> None:
     with _done_lock:
         if key in _done:
             return
-        with get_engine(key).connect() as conn:
+        with guard.inside(), get_engine(key).connect() as conn:
             current = current_revision(conn)
         if current != head_revision():
             upgrade(key)
