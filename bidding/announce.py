@@ -127,7 +127,10 @@ def prior_score(rfp: Announcement, node: LiveNode) -> float:
     """
     match = scoring.capability_score(rfp.required_skills, node.capabilities)
     trust = scoring.learned_trust(node.trust, node.successes, node.attempts)
-    return 0.7 * match + 0.3 * trust / 100.0
+    # In bands of 10 points, as the Kubernetes scheduler scores in coarse integers: nodes with
+    # about the same record tie, and ties are drawn at random, so the best half rotates among
+    # them instead of going to the same few for ever.
+    return 0.7 * match + 0.3 * (trust // 10) / 10.0
 
 
 def select_candidates(

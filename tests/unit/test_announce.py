@@ -148,12 +148,24 @@ def test_prior_score_uses_the_trust_a_node_has_earned():
     # that succeeded in all 20
     boaster = live("boaster", ["a", "b"], trust=90, attempts=20, successes=2)
     steady = live("steady", ["a", "b"], trust=60, attempts=20, successes=20)
-    # then the record counts as it does in their bids (scoring.learned_trust)
+    # then the record counts as it does in their bids (scoring.learned_trust), in bands of 10
     assert prior_score(CAP_RFP, steady) > prior_score(CAP_RFP, boaster)
-    assert prior_score(CAP_RFP, boaster) == pytest.approx(
-        0.7 + 0.3 * learned_trust(90, 2, 20) / 100)
+    assert learned_trust(90, 2, 20) == pytest.approx(36.67, abs=0.01)
+    assert prior_score(CAP_RFP, boaster) == pytest.approx(0.7 + 0.3 * 0.3)
     # and a node without a record keeps its declared trust
     assert prior_score(CAP_RFP, live("new", ["a", "b"], trust=90)) == pytest.approx(0.97)
+
+
+def test_nodes_with_about_the_same_record_tie_and_share_the_best_half():
+    # given six equally skilled nodes whose earned trust is 96-100 (all in the top band)
+    nodes = [live(f"n{i}", ["a", "b"], trust=70, attempts=100, successes=100 - i)
+             for i in range(6)]
+    assert len({prior_score(CAP_RFP, n) for n in nodes}) == 1
+    # when candidates are drawn with a cap of 4 (the best 2 by prior, 2 at random) many times
+    kept = {name for seed in range(40)
+            for name in select_candidates(CAP_RFP, nodes, random.Random(seed))[:2]}
+    # then the best half is not always the same two nodes
+    assert len(kept) > 2
 
 
 @pytest.mark.parametrize("seed", range(25))
