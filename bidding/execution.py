@@ -148,6 +148,13 @@ def count_episode(session: Session, node: str, success: bool) -> None:
     session.execute(_RECORD, {"node": node, "won": int(success)})
 
 
+def record_episode(session: Session, values: dict[str, Any]) -> None:
+    """Store an attempt's episode once (a redelivery, or a sweep racing the node, keeps the
+    first) and count a new one in its node's record."""
+    if _insert_once(session, _EPISODES, values, report=True):
+        count_episode(session, values["node"], bool(values["success"]))
+
+
 def _on_conflict_sqlite(table: Table) -> Any:
     return sqlite_insert(table).on_conflict_do_nothing()
 
@@ -185,12 +192,11 @@ def _episode(session: Session, run: Running, *, success: bool, now: float,
              cost: float, error: str | None) -> None:
     """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
     assert run.rfp is not None
-    if _insert_once(session, _EPISODES, report=True, values={
+    record_episode(session, {
         "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
         "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
         "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
-        "error": error, "finished_at": now}):
-        count_episode(session, run.node, success)
+        "error": error, "finished_at": now})
 
 
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:

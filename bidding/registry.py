@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, bindparam, select, update
+from sqlalchemy import CursorResult, Table, bindparam, select, update
 
 from bidding.config import Settings
 from bidding.periodic import Periodic
@@ -63,7 +63,9 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
     _live_cache.clear()
 
 
-_BEAT = (update(Node).where(Node.name == bindparam("node"))
+_NODES = cast(Table, Node.__table__)
+# Core, not ORM: an ORM UPDATE first works out which loaded objects to refresh.
+_BEAT = (update(_NODES).where(_NODES.c.name == bindparam("node"))
          .values(status="online", last_heartbeat=bindparam("now")))
 
 

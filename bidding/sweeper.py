@@ -19,7 +19,6 @@ from typing import Any
 
 from celery import Celery
 from sqlalchemy import and_, bindparam, or_, select
-from sqlalchemy.exc import IntegrityError
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
@@ -27,12 +26,12 @@ from bidding.award import close_expired, send_execution, start_by
 from bidding.board import history_changed
 from bidding.config import Settings
 from bidding.errors import NodeLostError
-from bidding.execution import count_episode
+from bidding.execution import record_episode
 from bidding.models import Announcement
 from bidding.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Episode, Node
+from bidding.store.schema import BidRow, Node
 from bidding.transition import transition
 
 logger = logging.getLogger(__name__)
@@ -162,13 +161,9 @@ def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
 
 def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
                   now: float) -> None:
-    """The lost winner failed this attempt: it counts against its experience and trust."""
-    try:
-        with session.begin_nested():
-            session.add(Episode(task_id=rfp.task_id, attempt=attempt, node=node,
-                                task_type=rfp.task_type, skills=list(rfp.required_skills),
-                                success=False, duration_s=0.0, cost=0.0, error=reason,
-                                finished_at=now))
-    except IntegrityError:  # already recorded (it ran and failed, or a sweep got there first)
-        return
-    count_episode(session, node, False)
+    """The lost winner failed this attempt: it counts against its experience and trust (once:
+    it may have run and failed, or another sweep got there first)."""
+    record_episode(session, {
+        "task_id": rfp.task_id, "attempt": attempt, "node": node, "task_type": rfp.task_type,
+        "skills": list(rfp.required_skills), "success": False, "duration_s": 0.0, "cost": 0.0,
+        "error": reason, "finished_at": now})
