@@ -71,6 +71,23 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def bid_modes(text: str) -> list[str]:
+    """``--bid-modes``: "ask", "proxy" or both, in the order given."""
+    modes = [m.strip() for m in text.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("ask", "proxy")]
+    if not modes or bad:
+        raise SystemExit(f"--bid-modes: expected ask and/or proxy, got {text!r}")
+    return list(dict.fromkeys(modes))
+
+
+def mode_steps(step: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(bid mode, {"auction", "burst"}) of one node count; a report from before the modes
+    were measured side by side has one, "ask"."""
+    if "modes" in step:
+        return list(step["modes"].items())
+    return [("ask", step)] if "auction" in step else []
+
+
 def percentile(values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0-100); None for no values."""
     if not values:
@@ -539,16 +556,24 @@ class Bench:
         invalidate_cache()
         step["plain"] = self.measure_plain(burst=n in int_list(self.args.burst_nodes))
         self._log_plain(step["plain"])
-        step["auction"] = a = self.measure_auctions()
-        log(f"{n} nodes: auction e2e p50 {a['e2e']['p50']:.1f} ms, p99 {a['e2e']['p99']:.1f} "
-            f"ms; assignment p50 {a['assign']['p50']:.1f} ms; {a['failures']} failed")
-        if n in int_list(self.args.burst_nodes):
-            log(f"{n} nodes: burst of {self.args.burst} auctions")
-            step["burst"] = b = self.measure_auction_burst()
-            log(f"{n} nodes: {b['per_s']:.1f} auctions/s (submitted at {b['submit_per_s']:.0f}"
-                f"/s); {b['failures']} failed; closed by {b['closed_by']}")
+        step["modes"] = {}
+        for mode in bid_modes(self.args.bid_modes):
+            self.set_bid_mode(mode)
+            step["modes"][mode] = m = {"auction": self.measure_auctions()}
+            a = m["auction"]
+            log(f"{n} nodes, {mode}: auction e2e p50 {a['e2e']['p50']:.1f} ms, p99 "
+                f"{a['e2e']['p99']:.1f} ms; assignment p50 {a['assign']['p50']:.1f} ms; "
+                f"{a['failures']} failed")
+            if n in int_list(self.args.burst_nodes):
+                log(f"{n} nodes, {mode}: burst of {self.args.burst} auctions")
+                m["burst"] = b = self.measure_auction_burst()
+                log(f"{n} nodes, {mode}: {b['per_s']:.1f} auctions/s (submitted at "
+                    f"{b['submit_per_s']:.0f}/s); {b['failures']} failed; closed by "
+                    f"{b['closed_by']}")
         if n in int_list(self.args.profile_nodes):
-            log(f"{n} nodes: profiling {self.args.profile_samples} auctions")
+            step["profile_mode"] = self.settings.bid_mode
+            log(f"{n} nodes: profiling {self.args.profile_samples} auctions "
+                f"({self.settings.bid_mode})")
             try:
                 step["profile"] = self.profile(n)
             except Exception as exc:  # a profiler problem must not lose the measurements
@@ -560,6 +585,14 @@ class Bench:
                     phases.uninstall()
                     self._control(int(time.time()) % 10**9, "off")
         return step
+
+    def set_bid_mode(self, mode: str) -> None:
+        """Announce in ``mode`` from now on (the caller's setting; the nodes are unchanged)."""
+        from bidding.settings import get_settings, reset_settings
+
+        os.environ["BIDDING_BID_MODE"] = mode
+        reset_settings(self.app)
+        self.settings = get_settings(self.app)
 
     def idle_cost(self) -> dict[str, Any]:
         pids = self.node_pids()
@@ -893,25 +926,28 @@ def render(results: dict[str, Any]) -> str:
         if "error" in r:
             lines.append(f"- **{b}: error** ({r['error']}); partial results below")
     lines += ["", "### Latency (ms): plain `delay().get()` vs auction, same run, same background",
-              "", "| backend | nodes | asked | plain p50 / p99 | auction e2e p50 / p99 | "
-              "e2e p50 / plain p50 | assignment p50 / p99 | delay() p50 | failed |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "", "| backend | nodes | bid mode | asked | plain p50 / p99 | "
+              "auction e2e p50 / p99 | e2e p50 / plain p50 | assignment p50 / p99 | "
+              "delay() p50 | failed |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for b, r in results["backends"].items():
         if "plain_quiet" in r:
-            lines.append(f"| {b} | 0 (quiet) | - | {_pair(r['plain_quiet']['rtt'], 2)} | - | - "
-                         "| - | - | - |")
+            lines.append(f"| {b} | 0 (quiet) | - | - | {_pair(r['plain_quiet']['rtt'], 2)} | - "
+                         "| - | - | - | - |")
         for st in r.get("steps", []):
             if st.get("skipped"):
-                lines.append(f"| {b} | {st['nodes']} | skipped: {st['skipped']} |||||||")
+                lines.append(f"| {b} | {st['nodes']} | skipped: {st['skipped']} ||||||||")
                 continue
-            a, p = st.get("auction"), st.get("plain")
-            if not a or not p:
-                continue
-            ratio = a["e2e"]["p50"] / p["rtt"]["p50"]
-            lines.append(
-                f"| {b} | {st['nodes']} | {_fmt(a['candidates'], 0)} | {_pair(p['rtt'], 2)} | "
-                f"{_pair(a['e2e'])} | {ratio:.1f}x | {_pair(a['assign'])} | "
-                f"{_fmt(a['delay']['p50'])} | {a['failures']} |")
+            p = st.get("plain")
+            for mode, m in mode_steps(st):
+                a = m.get("auction")
+                if not a or not p:
+                    continue
+                ratio = a["e2e"]["p50"] / p["rtt"]["p50"]
+                lines.append(
+                    f"| {b} | {st['nodes']} | {mode} | {_fmt(a['candidates'], 0)} | "
+                    f"{_pair(p['rtt'], 2)} | {_pair(a['e2e'])} | {ratio:.1f}x | "
+                    f"{_pair(a['assign'])} | {_fmt(a['delay']['p50'])} | {a['failures']} |")
     lines += ["", "### Throughput (bursts: all submitted, then all `.get()`)", "",
               "| backend | what | nodes | per second | submitted per second | "
               "assignment p50 / p99 ms | closed by | failed |", "|---|---|---|---|---|---|---|---|"]
@@ -925,12 +961,14 @@ def render(results: dict[str, Any]) -> str:
             if pb:
                 lines.append(f"| {b} | plain tasks | {st['nodes']} idle | {pb['per_s']:.0f} | "
                              f"{pb['submit_per_s']:.0f} | - | - | - |")
-            ab = st.get("burst")
-            if ab:
-                closed = ", ".join(f"{k} {c}" for k, c in ab["closed_by"].items())
-                lines.append(f"| {b} | **auctions** | {st['nodes']} | **{ab['per_s']:.1f}** | "
-                             f"{ab['submit_per_s']:.0f} | {_pair(ab['assign'])} | {closed} | "
-                             f"{ab['failures']} |")
+            for mode, m in mode_steps(st):
+                ab = m.get("burst")
+                if ab:
+                    closed = ", ".join(f"{k} {c}" for k, c in ab["closed_by"].items())
+                    lines.append(
+                        f"| {b} | **auctions ({mode})** | {st['nodes']} | "
+                        f"**{ab['per_s']:.1f}** | {ab['submit_per_s']:.0f} | "
+                        f"{_pair(ab['assign'])} | {closed} | {ab['failures']} |")
     lines += _targets(results)
     lines += _timeline(results)
     lines += _cpu_and_startup(results)
@@ -939,15 +977,23 @@ def render(results: dict[str, Any]) -> str:
 
 
 def _targets(results: dict[str, Any]) -> list[str]:
-    out = ["", "### Targets (issue 4)", "", "| target | " + " | ".join(results["backends"]) + " |",
-           "|---|" + "---|" * len(results["backends"])]
+    cols: list[tuple[str, str, dict[int, dict[str, Any]], dict[int, dict[str, Any]]]] = []
+    for b, r in results["backends"].items():
+        plain = {st["nodes"]: st["plain"] for st in r.get("steps", []) if "plain" in st}
+        modes: dict[str, dict[int, dict[str, Any]]] = {}
+        for st in r.get("steps", []):
+            for mode, m in mode_steps(st):
+                modes.setdefault(mode, {})[st["nodes"]] = m
+        cols += [(b, mode, steps, plain) for mode, steps in modes.items()]
+    out = ["", "### Targets (issue 4)", "",
+           "| target | " + " | ".join(f"{b} ({mode})" for b, mode, _, _ in cols) + " |",
+           "|---|" + "---|" * len(cols)]
     rows: dict[str, list[str]] = {"e2e p50 at 16 nodes <= 5x plain p50": [],
                                   ">= 150 auctions/s at 4 nodes": [],
                                   "e2e p50 64 nodes / 16 nodes <= 1.5x": []}
-    for r in results["backends"].values():
-        steps = {st["nodes"]: st for st in r.get("steps", []) if "auction" in st}
-        if 16 in steps:
-            ratio = steps[16]["auction"]["e2e"]["p50"] / steps[16]["plain"]["rtt"]["p50"]
+    for _, _, steps, plain in cols:
+        if 16 in steps and 16 in plain:
+            ratio = steps[16]["auction"]["e2e"]["p50"] / plain[16]["rtt"]["p50"]
             rows["e2e p50 at 16 nodes <= 5x plain p50"].append(
                 f"{ratio:.1f}x: {'met' if ratio <= 5 else '**not met**'}")
         else:
@@ -969,27 +1015,24 @@ def _targets(results: dict[str, Any]) -> list[str]:
 
 
 def _timeline(results: dict[str, Any]) -> list[str]:
+    cols = [(f"{b} {st['nodes']}n {mode}", m["auction"])
+            for b, r in results["backends"].items() for st in r.get("steps", [])
+            for mode, m in mode_steps(st) if "auction" in m]
     names: list[str] = []
-    for r in results["backends"].values():
-        for st in r.get("steps", []):
-            for k in st.get("auction", {}).get("phases_p50", {}):
-                if k not in names:
-                    names.append(k)
+    for _, a in cols:
+        names += [k for k in a.get("phases_p50", {}) if k not in names]
     if not names:
         return []
-    cols = [(b, st) for b, r in results["backends"].items() for st in r.get("steps", [])
-            if "auction" in st]
     out = ["", "### Where an auction's time goes (medians, ms; from the store's timestamps)", "",
-           "| phase | " + " | ".join(f"{b} {st['nodes']}n" for b, st in cols) + " |",
+           "| phase | " + " | ".join(label for label, _ in cols) + " |",
            "|---|" + "---|" * len(cols)]
     for k in names:
         out.append(f"| {k} | " + " | ".join(
-            _fmt(st["auction"]["phases_p50"].get(k)) for _, st in cols) + " |")
+            _fmt(a["phases_p50"].get(k)) for _, a in cols) + " |")
     out.append("| closed by | " + " | ".join(
-        ", ".join(f"{k} {c}" for k, c in st["auction"]["closed_by"].items()) for _, st in cols)
-        + " |")
+        ", ".join(f"{k} {c}" for k, c in a["closed_by"].items()) for _, a in cols) + " |")
     out.append("| distinct winners (max wins) | " + " | ".join(
-        f"{st['auction']['winners']} ({st['auction']['max_wins']})" for _, st in cols) + " |")
+        f"{a['winners']} ({a['max_wins']})" for _, a in cols) + " |")
     return out
 
 
@@ -1002,10 +1045,12 @@ def _cpu_and_startup(results: dict[str, Any]) -> list[str]:
         if "plain_quiet" in r:
             rows.append(("plain task", "0", r["plain_quiet"]["cpu_ms"]))
         for st in r.get("steps", []):
-            if "auction" in st:
-                rows.append(("auction", str(st["nodes"]), st["auction"]["cpu_ms"]))
-            if "burst" in st:
-                rows.append(("auction (burst)", str(st["nodes"]), st["burst"]["cpu_ms"]))
+            for mode, m in mode_steps(st):
+                if "auction" in m:
+                    rows.append((f"auction ({mode})", str(st["nodes"]), m["auction"]["cpu_ms"]))
+                if "burst" in m:
+                    rows.append((f"auction ({mode}, burst)", str(st["nodes"]),
+                                 m["burst"]["cpu_ms"]))
         for what, n, c in rows:
             out.append(f"| {b} | {what} | {n} | {c['caller']:.1f} | {c['workers']:.1f} | "
                        f"{c['redis']:.1f} | {sum(c.values()):.1f} |")
@@ -1036,7 +1081,8 @@ def _profiles(results: dict[str, Any]) -> list[str]:
             p = st.get("profile")
             if not p:
                 continue
-            out += ["", f"### Profile: {b}, {st['nodes']} nodes ({p['auctions']} sequential "
+            out += ["", f"### Profile: {b}, {st['nodes']} nodes, bid mode "
+                    f"{st.get('profile_mode', 'ask')} ({p['auctions']} sequential "
                     f"auctions per pass; e2e p50 {_fmt(p['e2e_traced']['p50'])} ms with the "
                     f"phase timers and py-spy, {_fmt(p['e2e_pyinstrument']['p50'])} ms under "
                     "pyinstrument)", "",
@@ -1101,6 +1147,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="BIDDING_HEARTBEAT_INTERVAL (default 5; ttl is 6x)")
     parser.add_argument("--candidate-cap", type=int, default=None,
                         help="BIDDING_CANDIDATE_CAP (default: the library's, 8)")
+    parser.add_argument("--bid-modes", default="ask,proxy",
+                        help="bidding_bid_mode(s) of the caller, each measured against the same "
+                             "nodes and plain baseline (default ask,proxy)")
     parser.add_argument("--store", default=None,
                         help="a PostgreSQL server URL for the redis backend's store (a fresh "
                              "database is created and dropped); default: a SQLite file")
@@ -1148,7 +1197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "--spy-rate", str(args.spy_rate), "--pool", args.pool,
                    "--sweep-interval", str(args.sweep_interval),
                    "--heartbeat-interval", str(args.heartbeat_interval),
-                   "--redis-url", args.redis_url, "--source", str(source)]
+                   "--bid-modes", args.bid_modes, "--redis-url", args.redis_url,
+                   "--source", str(source)]
             if args.candidate_cap is not None:
                 cmd += ["--candidate-cap", str(args.candidate_cap)]
             log(f"backend {backend} (logs and profiles in {out_dir})")

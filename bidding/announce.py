@@ -9,6 +9,7 @@ always asked and new or unlucky ones still get a chance to earn a history.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 import time
@@ -29,6 +30,7 @@ from bidding.config import Settings
 from bidding.consumer import request_bids
 from bidding.errors import ConfigurationError, EscalatedError, NoBidsError
 from bidding.models import OPTION_KEYS, Announcement, describe_validation
+from bidding.proxy import bid_by_proxy
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -37,6 +39,8 @@ from bidding.transition import transition
 
 if TYPE_CHECKING:
     from celery import Task
+
+logger = logging.getLogger(__name__)
 
 
 def check_options(options: Mapping[str, Any], where: str) -> None:
@@ -214,7 +218,9 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
     once with the no-bid outcome. False when a due task was already taken by another sweeper.
     """
-    candidates = select_candidates(rfp, live_nodes(settings))
+    live = live_nodes(settings)
+    candidates = select_candidates(rfp, live)
+    proxy = settings.bid_mode == "proxy" and bool(candidates)
     defer = (not candidates and rfp.fallbacks.on_capability_unavailable == "defer"
              and (rfp.deadline is None or rfp.deadline > time.time()))
     # A new auction on the Redis board asks for bids before its row is written: the answers go
@@ -222,7 +228,7 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     # insert then overlaps the bidding instead of delaying it.
     # Only for an id generated for this call: a caller's own id may belong to an existing task,
     # whose open auction must not receive answers meant for this one.
-    early = (new and fresh_id and bool(candidates)
+    early = (not proxy and new and fresh_id and bool(candidates)
              and get_board(settings, app).writes_on_award)
     if early:
         request_bids(settings, app, rfp, candidates)
@@ -250,9 +256,23 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
         return True
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
+    elif proxy:
+        _award_by_proxy(app, settings, rfp, live, candidates)
     elif not early:
         request_bids(settings, app, rfp, candidates)
     return True
+
+
+def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
+                    live: Sequence[LiveNode], candidates: Sequence[str]) -> None:
+    """Bid for the candidates and award now (bidding.proxy); ask them if that fails, so the
+    auction still runs (an award already made ignores their answers: they come in late)."""
+    by_name = {node.name: node for node in live}
+    try:
+        bid_by_proxy(settings, app, rfp, [by_name[name] for name in candidates])
+    except Exception:
+        logger.exception("proxy bids for %s failed; asking the candidates instead", rfp.task_id)
+        request_bids(settings, app, rfp, candidates)
 
 
 def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement, *,

@@ -197,11 +197,13 @@ def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]
 
 def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
                   closed_by: str, *, rfp: Announcement | None = None,
-                  candidates: int | None = None) -> Award | None:
+                  candidates: int | None = None,
+                  answers: Sequence[Bid | Refusal] | None = None) -> Award | None:
     """Award ``task_id``'s auction if it is still open; None when someone else already did.
 
     The bidder whose answer completed the auction passes the announcement it holds (``rfp``),
-    which saves reading it back; the sweepers pass only the id.
+    which saves reading it back; the sweepers pass only the id. A proxy bidder passes the
+    ``answers`` it made (bidding.proxy): they are awarded as they are, not read off the board.
     """
     if rfp is None or candidates is None:
         with read_session(settings.database_url) as session:
@@ -214,11 +216,16 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
             return None
         rfp = Announcement.model_validate(row.spec)
         candidates = len(row.candidates)
-    board = get_board(settings, app)
-    # Kept past the window, so that an awarder that dies before committing leaves the answers
-    # for the sweeper that closes the auction at its deadline.
-    answers = board.close(task_id, attempt,
-                          keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+    write: Sequence[Bid | Refusal] | None
+    if answers is None:
+        board = get_board(settings, app)
+        # Kept past the window, so that an awarder that dies before committing leaves the
+        # answers for the sweeper that closes the auction at its deadline.
+        answers = board.close(task_id, attempt,
+                              keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+        write = answers if board.writes_on_award else None
+    else:
+        write = answers  # made here: the store has none of them yet
     bids, refusals = sorted_answers(answers)
     strategy = resolve_strategy(rfp.strategy)
     bidders = sorted(b.node for b in bids)
@@ -235,7 +242,6 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
                 award = award.model_copy(update={"outcome": "fallback", "winner": node})
         return award
 
-    write = answers if board.writes_on_award else None
     result: Award | _Commit = _Commit.STALE
     # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
     # A slow one (an LLM judge) decides outside it first; the commit re-checks the counts.

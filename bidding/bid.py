@@ -7,11 +7,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
-from sqlalchemy import bindparam, func, select
+from sqlalchemy import Select, bindparam, func, select, union_all
 
 from bidding import lifecycle, scoring
+from bidding.award import count_in_flight
 from bidding.config import Settings
 from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
@@ -122,6 +125,72 @@ def gather_history(
         attempts=int(totals[0]),
         successes=int(totals[1]),
     )
+
+
+_RECENT_FAILURES_OF = (select(Episode.node, func.count())
+                       .where(Episode.node.in_(bindparam("nodes", expanding=True)),
+                              Episode.task_type == bindparam("task_type"),
+                              Episode.success.is_(False),
+                              Episode.finished_at >= bindparam("since"))
+                       .group_by(Episode.node))
+_TOTALS_OF = (select(Node.name, Node.attempts, Node.successes)
+              .where(Node.name.in_(bindparam("nodes", expanding=True))))
+_latest_of: dict[int, Select[tuple[str, bool, float]]] = {}
+
+
+def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
+    """The latest episodes of ``count`` nodes in one statement: one index range scan each
+    (``ix_bidding_episodes_node_type``), however long a node's history is. Built once per
+    count: building a statement costs more than running it."""
+    statement = _latest_of.get(count)
+    if statement is None:
+        parts = [select(Episode.node, Episode.success, Episode.finished_at)
+                 .where(Episode.node == bindparam(f"node_{i}"),
+                        Episode.task_type == bindparam("task_type"))
+                 .order_by(Episode.finished_at.desc())
+                 .limit(bindparam("limit")).subquery(f"latest_{i}")
+                 for i in range(count)]
+        statement = cast(Select[tuple[str, bool, float]],
+                         union_all(*(select(part) for part in parts)))
+        _latest_of[count] = statement
+    return statement
+
+
+def gather_histories(
+    settings: Settings, nodes: Sequence[str], task_type: str, now: float | None = None
+) -> dict[str, NodeHistory]:
+    """``gather_history`` of several nodes at once: four statements in all, not four each
+    (a proxy bidder reads every candidate's history for one auction)."""
+    now = time.time() if now is None else now
+    if not nodes:
+        return {}
+    names = list(dict.fromkeys(nodes))
+    params = {f"node_{i}": name for i, name in enumerate(names)}
+    with read_session(settings.database_url) as session:
+        latest = session.execute(_latest_of_nodes(len(names)),
+                                 {**params, "task_type": task_type,
+                                  "limit": settings.experience_window}).all()
+        failures = {row[0]: row[1] for row in session.execute(_RECENT_FAILURES_OF, {
+            "nodes": names, "task_type": task_type,
+            "since": now - settings.recent_failure_seconds})}
+        totals = {row.name: (row.attempts, row.successes)
+                  for row in session.execute(_TOTALS_OF, {"nodes": names})}
+        in_flight = count_in_flight(session, names)
+    outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
+    for row in latest:
+        outcomes[row.node].append((row.finished_at, bool(row.success)))
+    out = {}
+    for name in names:
+        newest_first = sorted(outcomes[name], key=lambda pair: pair[0], reverse=True)
+        attempts, successes = totals.get(name, (0, 0))
+        out[name] = NodeHistory(
+            outcomes=tuple(ok for _, ok in newest_first),
+            recent_failures=int(failures.get(name, 0)),
+            in_flight=int(in_flight.get(name, 0)),
+            attempts=int(attempts),
+            successes=int(successes),
+        )
+    return out
 
 
 _history: dict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = {}

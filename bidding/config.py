@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -44,6 +44,12 @@ class Settings(BaseModel):
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
     #: the store), "store", or a Redis URL (see bidding.board).
     bid_board: str = "auto"
+    #: Who makes the bids: "ask" sends each candidate a bid request and its node answers;
+    #: "proxy" has the announcing process compute the candidates' bids itself, with the nodes'
+    #: own bid function on their published profiles and their history in the store, and award
+    #: at once (see bidding.proxy). Set it where tasks are announced (callers and node workers,
+    #: whose sweepers announce retries).
+    bid_mode: Literal["ask", "proxy"] = "ask"
     #: Seconds a node reuses its history (experience, in-flight work) between bids on the same
     #: task type, while its history version on the Redis board holds; the award re-counts
     #: in-flight work anyway (0 = read the store for every bid).

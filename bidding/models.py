@@ -230,7 +230,7 @@ class Award(BaseModel):
     outcome: AwardOutcome
     winner: str | None = None
     strategy: str
-    #: "all bids in", "deadline" or "no candidates": what closed the auction.
+    #: "all bids in", "deadline", "no candidates" or "proxy bids": what closed the auction.
     closed_by: str
     scores: list[Score] = Field(default_factory=list)
     error: str | None = None

@@ -1,0 +1,67 @@
+"""Proxy bids: the announcing process bids for the candidates and awards at once.
+
+A node's bid is a pure function, ``bid.compute_bid``, of two inputs that are not private to
+the node: its profile, which its heartbeat row publishes, and its history in the store
+(experience, recent failures, in-flight work, its record). With ``bidding_bid_mode = "proxy"``
+the process that announces a task makes the candidates' bids itself, with that same function on
+those same inputs, and closes the auction there: no bid request is sent, no node is woken to
+answer, and nobody waits for a window. It is how the Kubernetes scheduler scores nodes from the
+status they report, and what an auction house calls a proxy bid (the bidder left its rule with
+the auctioneer).
+
+What the bids and the award keep: the candidates (filter, cap), each node's sub-scores,
+refusals and their reasons, the strategy, min_confidence/min_trust/budget, the in-flight
+re-count and compare-and-set of the award, and the stored bids and messages that ``explain``,
+the watchdogs' re-award to the next-best bidder and learned trust read. What they do not: a
+node that heartbeats but cannot take work is still bid for (as a node whose main process
+answers while its pool is stuck is, in "ask" mode); the schedule-to-start watchdog covers both.
+
+Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from celery import Celery
+
+from bidding.award import close_auction
+from bidding.bid import NodeHistory, compute_bid, gather_histories, refusal_reason
+from bidding.config import Settings
+from bidding.models import Announcement, Award, Bid, Refusal
+from bidding.profile import NodeProfile
+from bidding.registry import LiveNode
+
+logger = logging.getLogger(__name__)
+
+#: ``closed_by`` of an auction its announcer closed with proxy bids.
+PROXY_CLOSE = "proxy bids"
+
+
+def profile_of(node: LiveNode) -> NodeProfile:
+    """The profile ``node`` published with its heartbeat (validated when its worker loaded it)."""
+    return NodeProfile.model_construct(
+        name=node.name, capabilities=list(node.capabilities), capacity=node.capacity,
+        price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust)
+
+
+def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
+                  now: float | None = None) -> list[Bid | Refusal]:
+    """Each node's answer to ``rfp``, as its own worker would make it (``bid.place_bid``):
+    a refusal, or ``compute_bid`` on its published profile and its history in the store."""
+    now = time.time() if now is None else now
+    profiles = [profile_of(node) for node in nodes]
+    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
+    histories = gather_histories(settings, bidding, rfp.task_type, now)
+    return [compute_bid(rfp, p, histories.get(p.name, NodeHistory()), now) for p in profiles]
+
+
+def bid_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
+                 candidates: Sequence[LiveNode]) -> Award | None:
+    """Make the candidates' bids for ``rfp`` and award it now (its row must be stored, in
+    state BIDDING). None when another closer was first."""
+    answers = proxy_answers(settings, rfp, candidates)
+    return close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by=PROXY_CLOSE,
+                         rfp=rfp, candidates=len(candidates), answers=answers)

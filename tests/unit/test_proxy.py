@@ -1,0 +1,96 @@
+"""Unit tests of bidding.proxy and ``bid.gather_histories``: the bids an announcer makes for
+the candidates must be the bids their own workers would make (a SQLite store, no broker)."""
+
+from __future__ import annotations
+
+from bidding import lifecycle
+from bidding.bid import NodeHistory, compute_bid, gather_histories, gather_history
+from bidding.models import Bid, Refusal
+from bidding.profile import NodeProfile
+from bidding.proxy import profile_of, proxy_answers
+from bidding.registry import LiveNode
+from bidding.store import write_session
+from tests.unit.test_bid import NOW, announcement, episode, make_rfp, record, store_settings
+
+
+def live(name: str, skills: tuple[str, ...], *, trust: float = 70.0) -> LiveNode:
+    return LiveNode(name=name, capabilities=skills, capacity=4, price_per_unit=0.02,
+                    latency_ms=40.0, trust=trust, last_heartbeat=NOW)
+
+
+def populate(url: str) -> None:
+    """Three nodes with different records: redfin and bluefin have episodes of several task
+    types and work in flight; greenfin has no episode at all."""
+    with write_session(url) as session:
+        record(session, [
+            episode("e3", "redfin", "extraction", False, NOW - 200),
+            episode("e1", "redfin", "extraction", False, NOW - 10),
+            episode("e4", "redfin", "extraction", True, NOW - 1000),
+            episode("e2", "redfin", "extraction", True, NOW - 50),
+            episode("o1", "redfin", "summary", False, NOW - 5),
+            episode("x1", "bluefin", "extraction", False, NOW - 1),
+            episode("x2", "bluefin", "extraction", True, NOW - 2),
+            *(episode(f"b{i}", "bluefin", "extraction", i % 3 != 0, NOW - 100 - i)
+              for i in range(15)),
+        ])
+        session.add_all([
+            announcement("a1", lifecycle.ASSIGNED, "redfin"),
+            announcement("a2", lifecycle.EXECUTING, "redfin"),
+            announcement("a3", lifecycle.SUCCESS, "redfin"),
+            announcement("a4", lifecycle.ASSIGNED, "bluefin"),
+        ])
+
+
+def test_histories_read_together_equal_each_nodes_own_history(store_url):
+    # given three nodes with different records (one with none) and a small window
+    populate(store_url)
+    settings = store_settings(store_url, experience_window=3, recent_failure_seconds=100)
+    nodes = ["redfin", "bluefin", "greenfin"]
+    # when their histories of "extraction" are read in one go
+    together = gather_histories(settings, nodes, "extraction", now=NOW)
+    # then each is exactly what the node's own read finds
+    for node in nodes:
+        assert together[node] == gather_history(settings, node, "extraction", now=NOW), node
+    # and they are not all alike (the comparison could tell them apart)
+    assert together["redfin"].in_flight == 2 and together["bluefin"].in_flight == 1
+    assert together["greenfin"] == NodeHistory()
+    assert len(together["bluefin"].outcomes) == 3
+
+
+def test_histories_of_no_node_are_empty(store_url):
+    assert gather_histories(store_settings(store_url), [], "extraction", now=NOW) == {}
+
+
+def test_the_published_profile_is_the_nodes_profile():
+    # given a node as the registry lists it
+    node = live("redfin", ("gpu", "nlp"), trust=81.5)
+    # when the proxy rebuilds its profile
+    profile = profile_of(node)
+    # then it equals the profile the node's worker loaded
+    assert profile == NodeProfile(name="redfin", capabilities=["gpu", "nlp"], capacity=4,
+                                  price_per_unit=0.02, latency_ms=40, trust=81.5)
+
+
+def test_proxy_answers_are_the_bids_the_nodes_would_make(store_url):
+    # given the three nodes, of which greenfin lacks the required skill
+    populate(store_url)
+    settings = store_settings(store_url)
+    nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90),
+             live("greenfin", ("gpu",))]
+    rfp = make_rfp(task_type="extraction", required_skills=["pdf"], preferred_node="bluefin")
+    # when the announcer makes their answers
+    answers = proxy_answers(settings, rfp, nodes, now=NOW)
+    # then redfin and bluefin bid exactly as compute_bid on their own history would
+    by_node = {a.node: a for a in answers}
+    for node in nodes[:2]:
+        own = compute_bid(rfp, profile_of(node),
+                          gather_history(settings, node.name, "extraction", now=NOW), now=NOW)
+        assert isinstance(by_node[node.name], Bid)
+        assert by_node[node.name] == own
+    # and the bids carry their different records (bluefin: preferred, one task in flight)
+    assert by_node["bluefin"].is_preferred_node and by_node["bluefin"].in_flight == 1
+    assert by_node["redfin"].in_flight == 2
+    # and greenfin refuses, saying why
+    refusal = by_node["greenfin"]
+    assert isinstance(refusal, Refusal)
+    assert refusal.reason.startswith("no matching capability")
