@@ -14,7 +14,7 @@ import math
 import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from celery import Celery
@@ -24,17 +24,17 @@ from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
-from bidding.award import close_auction
+from bidding.award import close_auction, route_award
 from bidding.board import get_board
 from bidding.config import Settings
 from bidding.consumer import request_bids
 from bidding.errors import ConfigurationError, EscalatedError, NoBidsError
 from bidding.models import OPTION_KEYS, Announcement, describe_validation
-from bidding.proxy import bid_by_proxy
+from bidding.proxy import award_by_proxy
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.strategies import resolve_strategy, strategy_name
+from bidding.strategies import ScoringStrategy, resolve_strategy, strategy_name
 from bidding.transition import transition
 
 if TYPE_CHECKING:
@@ -221,6 +221,12 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
     proxy = settings.bid_mode == "proxy" and bool(candidates)
+    if proxy and new and isinstance(resolve_strategy(rfp.strategy), ScoringStrategy):
+        # The announcement, its bids and its award in one transaction.
+        if _award_by_proxy(app, settings, rfp, live, candidates,
+                           opening=lambda session: _record_new(session, rfp, candidates)):
+            return True
+        proxy = False  # nothing was written: announce as usual, asking the candidates
     defer = (not candidates and rfp.fallbacks.on_capability_unavailable == "defer"
              and (rfp.deadline is None or rfp.deadline > time.time()))
     # A new auction on the Redis board asks for bids before its row is written: the answers go
@@ -237,12 +243,7 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             if not _defer(session, app, settings, rfp, new=new):
                 return False
         elif new:
-            # Core statements: the caller's path is the hottest in a burst.
-            session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, lifecycle.BIDDING, candidates))
-            journal.write(session, [journal.message(
-                rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
-                task_type=rfp.task_type, candidates=candidates,
-                required_skills=rfp.required_skills)])
+            _record_new(session, rfp, candidates)
         elif not transition(
             session, rfp.task_id, lifecycle.BIDDING, kind=journal.ANNOUNCED,
             from_states=lifecycle.DUE_STATES, expect_attempt=rfp.attempt,
@@ -257,22 +258,38 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
     elif proxy:
-        _award_by_proxy(app, settings, rfp, live, candidates)
+        if not _award_by_proxy(app, settings, rfp, live, candidates):
+            request_bids(settings, app, rfp, candidates)
     elif not early:
         request_bids(settings, app, rfp, candidates)
     return True
 
 
+def _record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:
+    """Write a new announcement, open for bids, and its ANNOUNCED message."""
+    # Core statements: the caller's path is the hottest in a burst.
+    session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, lifecycle.BIDDING, candidates))
+    journal.write(session, [journal.message(
+        rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
+        task_type=rfp.task_type, candidates=candidates, required_skills=rfp.required_skills)])
+
+
 def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
-                    live: Sequence[LiveNode], candidates: Sequence[str]) -> None:
-    """Bid for the candidates and award now (bidding.proxy); ask them if that fails, so the
-    auction still runs (an award already made ignores their answers: they come in late)."""
+                    live: Sequence[LiveNode], candidates: Sequence[str],
+                    opening: Callable[[Session], None] | None = None) -> bool:
+    """Bid for the candidates and award now (bidding.proxy), then route the award. False,
+    with the error logged, when no award could be committed: the caller then asks the
+    candidates, so the auction still runs."""
     by_name = {node.name: node for node in live}
     try:
-        bid_by_proxy(settings, app, rfp, [by_name[name] for name in candidates])
+        award = award_by_proxy(settings, app, rfp, [by_name[name] for name in candidates],
+                               opening)
     except Exception:
         logger.exception("proxy bids for %s failed; asking the candidates instead", rfp.task_id)
-        request_bids(settings, app, rfp, candidates)
+        return False
+    if award is not None:
+        route_award(app, settings, rfp, award)
+    return True
 
 
 def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement, *,

@@ -197,13 +197,11 @@ def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]
 
 def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
                   closed_by: str, *, rfp: Announcement | None = None,
-                  candidates: int | None = None,
-                  answers: Sequence[Bid | Refusal] | None = None) -> Award | None:
+                  candidates: int | None = None) -> Award | None:
     """Award ``task_id``'s auction if it is still open; None when someone else already did.
 
     The bidder whose answer completed the auction passes the announcement it holds (``rfp``),
-    which saves reading it back; the sweepers pass only the id. A proxy bidder passes the
-    ``answers`` it made (bidding.proxy): they are awarded as they are, not read off the board.
+    which saves reading it back; the sweepers pass only the id.
     """
     if rfp is None or candidates is None:
         with read_session(settings.database_url) as session:
@@ -216,32 +214,53 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
             return None
         rfp = Announcement.model_validate(row.spec)
         candidates = len(row.candidates)
-    write: Sequence[Bid | Refusal] | None
-    if answers is None:
-        board = get_board(settings, app)
-        # Kept past the window, so that an awarder that dies before committing leaves the
-        # answers for the sweeper that closes the auction at its deadline.
-        answers = board.close(task_id, attempt,
-                              keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
-        write = answers if board.writes_on_award else None
-    else:
-        write = answers  # made here: the store has none of them yet
+    board = get_board(settings, app)
+    # Kept past the window, so that an awarder that dies before committing leaves the answers
+    # for the sweeper that closes the auction at its deadline.
+    answers = board.close(task_id, attempt,
+                          keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+    award = award_answers(settings, rfp, answers, closed_by=closed_by, candidates=candidates,
+                          write=board.writes_on_award)
+    if award is not None:
+        route_award(app, settings, rfp, award)
+    return award
+
+
+def award_answers(
+    settings: Settings,
+    rfp: Announcement,
+    answers: Sequence[Bid | Refusal],
+    *,
+    closed_by: str,
+    candidates: int,
+    write: bool,
+    opening: Callable[[Session], None] | None = None,
+) -> Award | None:
+    """Decide ``rfp``'s auction on ``answers`` and commit the award (not routed yet); None when
+    someone else closed it first or its row never appeared.
+
+    ``write``: the answers are not in the store yet (a Redis board, or proxy bids); they are
+    written, scored, in the award's transaction. ``opening`` writes the announcement itself in
+    that same transaction (a new auction decided at once: proxy bids with a scoring strategy).
+    """
     bids, refusals = sorted_answers(answers)
     strategy = resolve_strategy(rfp.strategy)
+    if opening is not None and not isinstance(strategy, ScoringStrategy):
+        raise ValueError(f"strategy {strategy_name(strategy)} decides outside the award's "
+                         "transaction: its announcement must be stored first")
     bidders = sorted(b.node for b in bids)
-    announcement = rfp
-    n_candidates = candidates
 
     def make_award(counts: dict[str, int]) -> Award:
-        award = decide(announcement, refresh_loads(bids, counts), refusals, strategy,
-                       closed_by=closed_by, candidates=n_candidates)
-        if award.outcome == "failed" and announcement.no_bid == "fallback":
+        award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
+                       closed_by=closed_by, candidates=candidates)
+        if award.outcome == "failed" and rfp.no_bid == "fallback":
             live = live_nodes(settings)
             node = fallback_node(live, in_flight_counts(settings, [n.name for n in live]))
             if node is not None:
                 award = award.model_copy(update={"outcome": "fallback", "winner": node})
         return award
 
+    stored = answers if write else None
     result: Award | _Commit = _Commit.STALE
     # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
     # A slow one (an LLM judge) decides outside it first; the commit re-checks the counts.
@@ -250,27 +269,29 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         if attempt_no <= optimistic:
             counts = in_flight_counts(settings, bidders)
             result = _commit_award(settings, rfp, bidders, make_award,
-                                   (make_award(counts), counts), write)
+                                   (make_award(counts), counts), stored)
         else:
-            result = _commit_award(settings, rfp, bidders, make_award, None, write)
-        if result is _Commit.NOT_YET and _row_appears(settings, task_id):
+            result = _commit_award(settings, rfp, bidders, make_award, None, stored, opening)
+        if result is _Commit.NOT_YET and _row_appears(settings, rfp.task_id):
             continue  # the caller's insert committed meanwhile: decide again
         if result is not _Commit.STALE:
             break
     if result is _Commit.NOT_YET:
         logger.warning("auction %s: no announcement in the store after %gs (the caller's "
-                       "insert failed or is stuck); left to the deadline sweeper", task_id,
+                       "insert failed or is stuck); left to the deadline sweeper", rfp.task_id,
                        ROW_WAIT)
-    if not isinstance(result, Award):
-        return None
-    award = result
+    return result if isinstance(result, Award) else None
+
+
+def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award) -> None:
+    """Act on a committed award: send the execution to the winner, or fail the caller's
+    result with the reason there is none."""
     if award.winner is not None:
         send_execution(app, rfp, award.winner, settings)
     else:
-        app.backend.mark_as_failure(task_id, NoBidsError(award.error or NO_VALID_BIDS))
-    logger.info("auction %s closed by %s: %s %s", task_id, closed_by, award.outcome,
+        app.backend.mark_as_failure(rfp.task_id, NoBidsError(award.error or NO_VALID_BIDS))
+    logger.info("auction %s closed by %s: %s %s", rfp.task_id, award.closed_by, award.outcome,
                 award.winner or award.error)
-    return award
 
 
 _EXPIRED = (
@@ -334,6 +355,7 @@ def _commit_award(
     make_award: Callable[[dict[str, int]], Award],
     decided: tuple[Award, dict[str, int]] | None,
     answers: Sequence[Bid | Refusal] | None = None,
+    opening: Callable[[Session], None] | None = None,
 ) -> Award | _Commit:
     """Write the award if the auction is still open (compare-and-set on its state).
 
@@ -342,8 +364,11 @@ def _commit_award(
     these nodes meanwhile. With ``decided=None`` the award is made here, under the lock.
     ``answers`` (from a board that keeps them outside the store) are written here, scored.
     SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row locks.
+    ``opening`` first writes the announcement (in state BIDDING) in this transaction.
     """
     with write_session(settings.database_url) as session:
+        if opening is not None:
+            opening(session)
         sqlite = is_sqlite(settings.database_url)
         if bidders and not sqlite:
             # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.

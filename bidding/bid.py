@@ -205,18 +205,35 @@ def cached_history(settings: Settings, node: str, task_type: str, now: float | N
     bid board) changes whenever the node finishes an attempt, so a finished attempt counts in
     the very next bid; work awarded meanwhile is re-counted by the award under its lock.
     """
+    return cached_histories(settings, [node], task_type, {node: version}, now)[node]
+
+
+def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
+                     versions: dict[str, int | None], now: float | None = None
+                     ) -> dict[str, NodeHistory]:
+    """``cached_history`` of several nodes: the ones not cached (or changed) are read together
+    (``gather_histories``); ``versions`` are their history versions on the bid board."""
     ttl = settings.history_cache_seconds
-    key = (settings.database_url, node, task_type)
     clock = time.monotonic()
-    hit = _history.get(key)
-    # Without a version (the store board, e.g. on RabbitMQ) nothing says when the record
-    # changed: read it every time rather than bid on a stale one.
-    if (ttl > 0 and version is not None and hit is not None and clock - hit[0] < ttl
-            and hit[1] == version):
-        return hit[2]
-    history = gather_history(settings, node, task_type, now)
-    _history[key] = (clock, version, history)
-    return history
+    out: dict[str, NodeHistory] = {}
+    stale: list[str] = []
+    for node in nodes:
+        version = versions.get(node)
+        hit = _history.get((settings.database_url, node, task_type))
+        # Without a version (the store board, e.g. on RabbitMQ) nothing says when the record
+        # changed: read it every time rather than bid on a stale one.
+        if (ttl > 0 and version is not None and hit is not None and clock - hit[0] < ttl
+                and hit[1] == version):
+            out[node] = hit[2]
+        else:
+            stale.append(node)
+    if stale:
+        read = gather_histories(settings, stale, task_type, now)
+        for node, history in read.items():
+            _history[(settings.database_url, node, task_type)] = (clock, versions.get(node),
+                                                                  history)
+        out.update(read)
+    return out
 
 
 def forget_history() -> None:

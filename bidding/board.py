@@ -114,6 +114,9 @@ class BidBoard(Protocol):
     def history_version(self, node: str) -> int | None:
         """A number that changes whenever ``node`` finishes an attempt (None: not tracked)."""
 
+    def history_versions(self, nodes: Sequence[str]) -> dict[str, int | None]:
+        """``history_version`` of several nodes at once."""
+
     def bump_history(self, node: str) -> None:
         """``node`` finished an attempt: cached histories of it are stale."""
 
@@ -211,6 +214,10 @@ class StoreBoard:
         """Not tracked: cached histories expire by age only."""
         return None
 
+    def history_versions(self, nodes: Sequence[str]) -> dict[str, int | None]:
+        """Not tracked."""
+        return dict.fromkeys(nodes)
+
     def bump_history(self, node: str) -> None:
         """Not tracked."""
 
@@ -283,6 +290,13 @@ class RedisBoard:
         """How many attempts ``node`` has finished (as counted here)."""
         raw = self.client.hget(HISTORY_KEY, node)
         return int(raw) if raw is not None else 0
+
+    def history_versions(self, nodes: Sequence[str]) -> dict[str, int | None]:
+        """How many attempts each of ``nodes`` has finished, in one round trip."""
+        if not nodes:
+            return {}
+        raw = self.client.hmget(HISTORY_KEY, list(nodes))
+        return {node: int(v) if v is not None else 0 for node, v in zip(nodes, raw, strict=True)}
 
     def bump_history(self, node: str) -> None:
         """Count one more finished attempt of ``node``."""

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from celery import Celery
+from sqlalchemy.orm import Session
 
-from bidding.award import close_auction
-from bidding.bid import NodeHistory, compute_bid, gather_histories, refusal_reason
+from bidding.award import award_answers
+from bidding.bid import NodeHistory, cached_histories, compute_bid, refusal_reason
+from bidding.board import get_board
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.profile import NodeProfile
@@ -48,20 +50,28 @@ def profile_of(node: LiveNode) -> NodeProfile:
 
 
 def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
-                  now: float | None = None) -> list[Bid | Refusal]:
+                  now: float | None = None, versions: dict[str, int | None] | None = None
+                  ) -> list[Bid | Refusal]:
     """Each node's answer to ``rfp``, as its own worker would make it (``bid.place_bid``):
-    a refusal, or ``compute_bid`` on its published profile and its history in the store."""
+    a refusal, or ``compute_bid`` on its published profile and its history in the store.
+
+    ``versions`` (the nodes' history versions on the bid board) let histories read for an
+    earlier auction be reused while they hold, as the nodes' own bids do (``cached_history``).
+    """
     now = time.time() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
-    histories = gather_histories(settings, bidding, rfp.task_type, now)
+    histories = cached_histories(settings, bidding, rfp.task_type, versions or {}, now)
     return [compute_bid(rfp, p, histories.get(p.name, NodeHistory()), now) for p in profiles]
 
 
-def bid_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
-                 candidates: Sequence[LiveNode]) -> Award | None:
-    """Make the candidates' bids for ``rfp`` and award it now (its row must be stored, in
-    state BIDDING). None when another closer was first."""
-    answers = proxy_answers(settings, rfp, candidates)
-    return close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by=PROXY_CLOSE,
-                         rfp=rfp, candidates=len(candidates), answers=answers)
+def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
+                   candidates: Sequence[LiveNode],
+                   opening: Callable[[Session], None] | None = None) -> Award | None:
+    """Make the candidates' bids for ``rfp`` and commit its award (``award.route_award``
+    sends it). Its row is stored in state BIDDING already, or written by ``opening`` in the
+    award's own transaction. None when another closer was first."""
+    versions = get_board(settings, app).history_versions([n.name for n in candidates])
+    answers = proxy_answers(settings, rfp, candidates, versions=versions)
+    return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
+                         candidates=len(candidates), write=True, opening=opening)

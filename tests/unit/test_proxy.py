@@ -4,7 +4,13 @@ the candidates must be the bids their own workers would make (a SQLite store, no
 from __future__ import annotations
 
 from bidding import lifecycle
-from bidding.bid import NodeHistory, compute_bid, gather_histories, gather_history
+from bidding.bid import (
+    NodeHistory,
+    compute_bid,
+    forget_history,
+    gather_histories,
+    gather_history,
+)
 from bidding.models import Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.proxy import profile_of, proxy_answers
@@ -94,3 +100,25 @@ def test_proxy_answers_are_the_bids_the_nodes_would_make(store_url):
     refusal = by_node["greenfin"]
     assert isinstance(refusal, Refusal)
     assert refusal.reason.startswith("no matching capability")
+
+
+def test_the_proxy_rereads_only_the_nodes_whose_version_changed(store_url):
+    forget_history()
+    settings = store_settings(store_url, history_cache_seconds=60)
+    nodes = [live("redfin", ("pdf",)), live("bluefin", ("pdf",))]
+    rfp = make_rfp(task_type="extraction", required_skills=["pdf"])
+    # given both nodes' bids made at history versions 3 and 5
+    proxy_answers(settings, rfp, nodes, now=NOW, versions={"redfin": 3, "bluefin": 5})
+    # when both finish a failed attempt, and only redfin's version is raised
+    with write_session(store_url) as session:
+        record(session, [episode("f1", "redfin", "extraction", False, NOW - 1),
+                         episode("f2", "bluefin", "extraction", False, NOW - 1)])
+    answers = proxy_answers(settings, rfp, nodes, now=NOW,
+                            versions={"redfin": 4, "bluefin": 5})
+    # then redfin's bid counts the failure, and bluefin's still uses its cached record
+    by_node = {a.node: a for a in answers}
+    assert isinstance(by_node["redfin"], Bid) and isinstance(by_node["bluefin"], Bid)
+    assert by_node["redfin"].confidence < by_node["bluefin"].confidence == 1.0
+    # and without versions (a store board) both are read afresh
+    fresh = {a.node: a for a in proxy_answers(settings, rfp, nodes, now=NOW)}
+    assert fresh["bluefin"].confidence == by_node["redfin"].confidence
