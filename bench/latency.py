@@ -60,7 +60,7 @@ CALLER_FUNCTIONS = [
 ]
 #: Node-side functions whose inclusive py-spy samples are reported.
 NODE_FUNCTIONS = [
-    "answer", "place_bid", "gather_history", "record_answer", "close_auction", "in_flight_counts",
+    "answer", "place_bid", "gather_histories", "record_answer", "close_auction", "in_flight_counts",
     "_commit_award", "send_execution", "begin", "finish", "model_validate", "connect",
     "_on_connect", "commit", "close_expired", "heartbeat", "on_message", "trace_task",
 ]

@@ -13,13 +13,12 @@ from typing import cast
 
 from sqlalchemy import Select, bindparam, func, select, union_all
 
-from bidding import lifecycle, scoring
+from bidding import scoring
 from bidding.award import count_in_flight
 from bidding.config import Settings
 from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.store import read_session
-from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, Node
 
 
@@ -88,51 +87,21 @@ def compute_bid(
     )
 
 
-# Built once: constructing these statements cost more than running them (bench/latency.py).
-_LATEST = (select(Episode.success)
-           .where(Episode.node == bindparam("node"), Episode.task_type == bindparam("task_type"))
-           .order_by(Episode.finished_at.desc())
-           .limit(bindparam("limit")))
-_IN_FLIGHT = (select(func.count()).select_from(AnnouncementRow)
-              .where(AnnouncementRow.assigned_node == bindparam("node"),
-                     AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES))))
-_RECENT_FAILURES = (select(func.count()).select_from(Episode)
-                    .where(Episode.node == bindparam("node"),
-                           Episode.task_type == bindparam("task_type"),
-                           Episode.success.is_(False),
-                           Episode.finished_at >= bindparam("since")))
-# The node's record, kept with its episodes (counting them grew with the node's age).
-_TOTALS = select(Node.attempts, Node.successes).where(Node.name == bindparam("node"))
-
-
 def gather_history(
     settings: Settings, node: str, task_type: str, now: float | None = None
 ) -> NodeHistory:
     """Read ``node``'s history from the store: recent episodes, in-flight work, trust inputs."""
-    now = time.time() if now is None else now
-    with read_session(settings.database_url) as session:
-        latest = session.execute(_LATEST, {"node": node, "task_type": task_type,
-                                           "limit": settings.experience_window}).all()
-        in_flight = session.scalar(_IN_FLIGHT, {"node": node}) or 0
-        recent_failures = session.scalar(
-            _RECENT_FAILURES, {"node": node, "task_type": task_type,
-                               "since": now - settings.recent_failure_seconds}) or 0
-        totals = session.execute(_TOTALS, {"node": node}).first() or (0, 0)
-    return NodeHistory(
-        outcomes=tuple(bool(ok) for (ok,) in latest),
-        recent_failures=int(recent_failures),
-        in_flight=int(in_flight),
-        attempts=int(totals[0]),
-        successes=int(totals[1]),
-    )
+    return gather_histories(settings, [node], task_type, now)[node]
 
 
+# Built once: constructing these statements cost more than running them (bench/latency.py).
 _RECENT_FAILURES_OF = (select(Episode.node, func.count())
                        .where(Episode.node.in_(bindparam("nodes", expanding=True)),
                               Episode.task_type == bindparam("task_type"),
                               Episode.success.is_(False),
                               Episode.finished_at >= bindparam("since"))
                        .group_by(Episode.node))
+# The nodes' records, kept with their episodes (counting them grew with a node's age).
 _TOTALS_OF = (select(Node.name, Node.attempts, Node.successes)
               .where(Node.name.in_(bindparam("nodes", expanding=True))))
 _latest_of: dict[int, Select[tuple[str, bool, float]]] = {}
@@ -159,8 +128,8 @@ def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
 def gather_histories(
     settings: Settings, nodes: Sequence[str], task_type: str, now: float | None = None
 ) -> dict[str, NodeHistory]:
-    """``gather_history`` of several nodes at once: four statements in all, not four each
-    (a proxy bidder reads every candidate's history for one auction)."""
+    """The histories of ``nodes`` (``gather_history``), read together: four statements in
+    all, not four per node (a proxy bidder reads every candidate's for one auction)."""
     now = time.time() if now is None else now
     if not nodes:
         return {}
