@@ -34,7 +34,7 @@ from bidding.proxy import award_by_proxy
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.strategies import ScoringStrategy, resolve_strategy, strategy_name
+from bidding.strategies import decides_at_once, resolve_strategy, strategy_name
 from bidding.transition import transition
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
     proxy = settings.bid_mode == "proxy" and bool(candidates)
-    if proxy and new and isinstance(resolve_strategy(rfp.strategy), ScoringStrategy):
+    if proxy and new and decides_at_once(resolve_strategy(rfp.strategy)):
         # The announcement, its bids and its award in one transaction.
         if _award_by_proxy(app, settings, rfp, live, candidates,
                            opening=lambda session: _record_new(session, rfp, candidates)):

@@ -13,6 +13,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
 
@@ -28,13 +29,14 @@ from bidding.models import Announcement, Award, Bid, Refusal, Score
 from bidding.profile import exec_queue
 from bidding.registry import LiveNode, live_nodes
 from bidding.store import read_session, write_session
-from bidding.store.engine import is_sqlite
+from bidding.store.engine import core, is_sqlite
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Node
 from bidding.strategies import (
     ScoringStrategy,
     SelectionStrategy,
     capabilities_of,
+    decides_at_once,
     resolve_strategy,
     run_select,
     strategy_name,
@@ -185,7 +187,7 @@ def count_in_flight(session: Session, nodes: Sequence[str]) -> dict[str, int]:
     """Tasks awarded and unfinished, per node (derived from announcement states, never leaked)."""
     if not nodes:
         return {}
-    rows = session.execute(_IN_FLIGHT, {"nodes": list(nodes)}).all()
+    rows = core(session).execute(_IN_FLIGHT, {"nodes": list(nodes)}).all()
     return {str(node): int(n) for node, n in rows}
 
 
@@ -226,10 +228,21 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     return award
 
 
+@dataclass(frozen=True)
+class AnswersInside:
+    """Answers made inside the award's transaction (proxy bids with a scoring strategy):
+    ``make(session, counts)`` bids for ``nodes`` from the in-flight counts the award has just
+    read under its lock, so one read of the bidders' state serves both their bids and the
+    award, and nothing changes in between."""
+
+    nodes: Sequence[str]
+    make: Callable[[Session, dict[str, int]], Sequence[Bid | Refusal]]
+
+
 def award_answers(
     settings: Settings,
     rfp: Announcement,
-    answers: Sequence[Bid | Refusal],
+    answers: Sequence[Bid | Refusal] | AnswersInside,
     *,
     closed_by: str,
     candidates: int,
@@ -243,14 +256,19 @@ def award_answers(
     written, scored, in the award's transaction. ``opening`` writes the announcement itself in
     that same transaction (a new auction decided at once: proxy bids with a scoring strategy).
     """
-    bids, refusals = sorted_answers(answers)
     strategy = resolve_strategy(rfp.strategy)
-    if opening is not None and not isinstance(strategy, ScoringStrategy):
-        raise ValueError(f"strategy {strategy_name(strategy)} decides outside the award's "
-                         "transaction: its announcement must be stored first")
-    bidders = sorted(b.node for b in bids)
+    inside = isinstance(answers, AnswersInside)
+    at_once = decides_at_once(strategy)
+    if (opening is not None or inside) and not at_once:
+        raise ValueError(f"strategy {rfp.strategy} decides outside the award's "
+                         "transaction: its announcement and answers must be stored first")
+    if isinstance(answers, AnswersInside):
+        bidders = sorted(set(answers.nodes))
+    else:
+        bidders = sorted(b.node for b in answers if isinstance(b, Bid))
 
-    def make_award(counts: dict[str, int]) -> Award:
+    def make_award(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
+        bids, refusals = sorted_answers(given)
         award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
                        closed_by=closed_by, candidates=candidates)
         if award.outcome == "failed" and rfp.no_bid == "fallback":
@@ -260,18 +278,18 @@ def award_answers(
                 award = award.model_copy(update={"outcome": "fallback", "winner": node})
         return award
 
-    stored = answers if write else None
     result: Award | _Commit = _Commit.STALE
     # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
     # A slow one (an LLM judge) decides outside it first; the commit re-checks the counts.
-    optimistic = 0 if isinstance(strategy, ScoringStrategy) else RESERVATION_TRIES - 1
+    optimistic = 0 if at_once else RESERVATION_TRIES - 1
     for attempt_no in range(1, RESERVATION_TRIES + 1):
-        if attempt_no <= optimistic:
+        if attempt_no <= optimistic and not isinstance(answers, AnswersInside):
             counts = in_flight_counts(settings, bidders)
-            result = _commit_award(settings, rfp, bidders, make_award,
-                                   (make_award(counts), counts), stored)
+            result = _commit_award(settings, rfp, bidders, make_award, answers, write,
+                                   (make_award(answers, counts), counts))
         else:
-            result = _commit_award(settings, rfp, bidders, make_award, None, stored, opening)
+            result = _commit_award(settings, rfp, bidders, make_award, answers, write, None,
+                                   opening)
         if result is _Commit.NOT_YET and _row_appears(settings, rfp.task_id):
             continue  # the caller's insert committed meanwhile: decide again
         if result is not _Commit.STALE:
@@ -352,19 +370,21 @@ def _commit_award(
     settings: Settings,
     rfp: Announcement,
     bidders: Sequence[str],
-    make_award: Callable[[dict[str, int]], Award],
+    make_award: Callable[[Sequence[Bid | Refusal], dict[str, int]], Award],
+    answers: Sequence[Bid | Refusal] | AnswersInside,
+    write: bool,
     decided: tuple[Award, dict[str, int]] | None,
-    answers: Sequence[Bid | Refusal] | None = None,
     opening: Callable[[Session], None] | None = None,
 ) -> Award | _Commit:
     """Write the award if the auction is still open (compare-and-set on its state).
 
     The bidders' node rows are locked and their in-flight counts re-read first. An award
     ``decided`` outside on other counts is not written (STALE): another award reserved one of
-    these nodes meanwhile. With ``decided=None`` the award is made here, under the lock.
-    ``answers`` (from a board that keeps them outside the store) are written here, scored.
-    SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row locks.
-    ``opening`` first writes the announcement (in state BIDDING) in this transaction.
+    these nodes meanwhile. With ``decided=None`` the award is made here, under the lock, and
+    answers made ``AnswersInside`` are made here too, from those counts. ``write``: the
+    answers (from a board that keeps them outside the store, or proxy bids) are written here,
+    scored. SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row
+    locks. ``opening`` first writes the announcement (in state BIDDING) in this transaction.
     """
     with write_session(settings.database_url) as session:
         if opening is not None:
@@ -374,16 +394,20 @@ def _commit_award(
             # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
             session.execute(select(Node.name).where(Node.name.in_(list(bidders)))
                             .order_by(Node.name).with_for_update())
-        current = session.execute(
-            _OPEN if sqlite else _OPEN.with_for_update(), {"task_id": rfp.task_id}
-        ).one_or_none()
-        if current is None:
-            return _Commit.NOT_YET  # announced, and its row not committed yet
-        if current.state != lifecycle.BIDDING or current.attempt != rfp.attempt:
-            return _Commit.LOST  # a duplicate closer: the auction is closed already
+        if opening is None:
+            # (A row ``opening`` has just written is open, at this attempt.)
+            current = core(session).execute(
+                _OPEN if sqlite else _OPEN.with_for_update(), {"task_id": rfp.task_id}
+            ).one_or_none()
+            if current is None:
+                return _Commit.NOT_YET  # announced, and its row not committed yet
+            if current.state != lifecycle.BIDDING or current.attempt != rfp.attempt:
+                return _Commit.LOST  # a duplicate closer: the auction is closed already
         now_counts = count_in_flight(session, bidders)
+        if isinstance(answers, AnswersInside):
+            answers = answers.make(session, now_counts)
         if decided is None:
-            award = make_award(now_counts)
+            award = make_award(answers, now_counts)
         else:
             award, seen = decided
             if any(now_counts.get(n, 0) != seen.get(n, 0) for n in bidders):
@@ -391,7 +415,7 @@ def _commit_award(
         target = lifecycle.ASSIGNED if award.winner is not None else lifecycle.FAILED
         by_node = {s.node: s for s in award.scores}
         counted: dict[str, Any] = {}
-        if answers is not None:
+        if write:
             # The answers enter the log and the bids table, scored, before their award.
             counted = {"bids_received": len(answers)}
             journal.write(session, [answer_message(a, late=False) for a in answers])
@@ -426,7 +450,7 @@ def _commit_award(
             **counted,
         ):
             return _Commit.LOST
-        if answers is not None:
+        if write:
             return award
         winning_bid_id = None
         for row in session.scalars(select(BidRow).where(

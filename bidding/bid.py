@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from sqlalchemy import Select, bindparam, func, select, union_all
+from sqlalchemy.orm import Session
 
 from bidding import scoring
 from bidding.award import count_in_flight
@@ -19,6 +20,7 @@ from bidding.config import Settings
 from bidding.models import Announcement, Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.store import read_session
+from bidding.store.engine import core
 from bidding.store.schema import Episode, Node
 
 
@@ -130,20 +132,33 @@ def gather_histories(
 ) -> dict[str, NodeHistory]:
     """The histories of ``nodes`` (``gather_history``), read together: four statements in
     all, not four per node (a proxy bidder reads every candidate's for one auction)."""
+    if not nodes:
+        return {}
+    with read_session(settings.database_url) as session:
+        return read_histories(session, settings, nodes, task_type, now)
+
+
+def read_histories(
+    session: Session, settings: Settings, nodes: Sequence[str], task_type: str,
+    now: float | None = None, in_flight: dict[str, int] | None = None,
+) -> dict[str, NodeHistory]:
+    """``gather_histories`` in the caller's transaction. ``in_flight``: the nodes' counts, read
+    already (the award's, under its lock), which saves counting them again."""
     now = time.time() if now is None else now
     if not nodes:
         return {}
     names = list(dict.fromkeys(nodes))
     params = {f"node_{i}": name for i, name in enumerate(names)}
-    with read_session(settings.database_url) as session:
-        latest = session.execute(_latest_of_nodes(len(names)),
-                                 {**params, "task_type": task_type,
-                                  "limit": settings.experience_window}).all()
-        failures = {row[0]: row[1] for row in session.execute(_RECENT_FAILURES_OF, {
-            "nodes": names, "task_type": task_type,
-            "since": now - settings.recent_failure_seconds})}
-        totals = {row.name: (row.attempts, row.successes)
-                  for row in session.execute(_TOTALS_OF, {"nodes": names})}
+    conn = core(session)
+    latest = conn.execute(_latest_of_nodes(len(names)),
+                          {**params, "task_type": task_type,
+                           "limit": settings.experience_window}).all()
+    failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
+        "nodes": names, "task_type": task_type,
+        "since": now - settings.recent_failure_seconds})}
+    totals = {row.name: (row.attempts, row.successes)
+              for row in conn.execute(_TOTALS_OF, {"nodes": names})}
+    if in_flight is None:
         in_flight = count_in_flight(session, names)
     outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
     for row in latest:

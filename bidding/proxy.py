@@ -11,8 +11,10 @@ the auctioneer).
 
 What the bids and the award keep: the candidates (filter, cap), each node's sub-scores,
 refusals and their reasons, the strategy, min_confidence/min_trust/budget, the in-flight
-re-count and compare-and-set of the award, and the stored bids and messages that ``explain``,
-the watchdogs' re-award to the next-best bidder and learned trust read. What they do not: a
+count and compare-and-set of the award, and the stored bids and messages that ``explain``,
+the watchdogs' re-award to the next-best bidder and learned trust read. With a scoring
+strategy the bids are made inside the award's transaction, from the counts it reads under its
+lock (``award.AnswersInside``). What they do not: a
 node that heartbeats but cannot take work is still bid for (as a node whose main process
 answers while its pool is stuck is, in "ask" mode); the schedule-to-start watchdog covers both.
 
@@ -28,13 +30,20 @@ from collections.abc import Callable, Sequence
 from celery import Celery
 from sqlalchemy.orm import Session
 
-from bidding.award import award_answers
-from bidding.bid import NodeHistory, cached_histories, compute_bid, refusal_reason
+from bidding.award import AnswersInside, award_answers
+from bidding.bid import (
+    NodeHistory,
+    cached_histories,
+    compute_bid,
+    read_histories,
+    refusal_reason,
+)
 from bidding.board import get_board
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.profile import NodeProfile
 from bidding.registry import LiveNode
+from bidding.strategies import decides_at_once, resolve_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +71,29 @@ def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNod
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
     histories = cached_histories(settings, bidding, rfp.task_type, versions or {}, now)
+    return answers_of(rfp, profiles, histories, now)
+
+
+def answers_of(rfp: Announcement, profiles: Sequence[NodeProfile],
+               histories: dict[str, NodeHistory], now: float) -> list[Bid | Refusal]:
+    """``compute_bid`` for each profile, on its history (empty when it was not read)."""
     return [compute_bid(rfp, p, histories.get(p.name, NodeHistory()), now) for p in profiles]
+
+
+def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
+                   now: float | None = None) -> AnswersInside:
+    """The nodes' answers to ``rfp``, made in the award's transaction: their histories are
+    read there, with the in-flight counts the award has just read under its lock."""
+    now = time.time() if now is None else now
+    profiles = [profile_of(node) for node in nodes]
+    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
+
+    def make(session: Session, counts: dict[str, int]) -> list[Bid | Refusal]:
+        histories = read_histories(session, settings, bidding, rfp.task_type, now,
+                                   in_flight=counts)
+        return answers_of(rfp, profiles, histories, now)
+
+    return AnswersInside(bidding, make)
 
 
 def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
@@ -70,8 +101,17 @@ def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
                    opening: Callable[[Session], None] | None = None) -> Award | None:
     """Make the candidates' bids for ``rfp`` and commit its award (``award.route_award``
     sends it). Its row is stored in state BIDDING already, or written by ``opening`` in the
-    award's own transaction. None when another closer was first."""
-    versions = get_board(settings, app).history_versions([n.name for n in candidates])
-    answers = proxy_answers(settings, rfp, candidates, versions=versions)
+    award's own transaction. None when another closer was first.
+
+    With a scoring strategy the bids are made inside the award's transaction (one read of the
+    candidates' state, under its lock); a strategy that decides outside it (an LLM judge) gets
+    them first, from histories cached while the nodes' versions on the bid board hold.
+    """
+    answers: Sequence[Bid | Refusal] | AnswersInside
+    if decides_at_once(resolve_strategy(rfp.strategy)):
+        answers = answers_inside(settings, rfp, candidates)
+    else:
+        versions = get_board(settings, app).history_versions([n.name for n in candidates])
+        answers = proxy_answers(settings, rfp, candidates, versions=versions)
     return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
                          candidates=len(candidates), write=True, opening=opening)

@@ -70,6 +70,13 @@ class ScoringStrategy(SelectionStrategy, Protocol):
         ...
 
 
+def decides_at_once(strategy: SelectionStrategy) -> bool:
+    """Whether ``strategy`` decides in microseconds, so an award may decide under its write lock:
+    a scoring strategy that consults no judge. A judge (an LLM, or any callable) may take
+    seconds; the award decides outside the lock first and re-checks the counts under it."""
+    return isinstance(strategy, ScoringStrategy) and getattr(strategy, "judge", None) is None
+
+
 def capabilities_of(bids: Sequence[Bid]) -> dict[str, NodeCapability]:
     """The capability map of the bidders, built from what each bid declares."""
     return {b.node: NodeCapability(node=b.node, skills=list(b.skills)) for b in bids}

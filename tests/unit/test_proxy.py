@@ -3,7 +3,10 @@ the candidates must be the bids their own workers would make (a SQLite store, no
 
 from __future__ import annotations
 
+import pytest
+
 from bidding import lifecycle
+from bidding.award import award_answers, count_in_flight
 from bidding.bid import (
     NodeHistory,
     compute_bid,
@@ -13,9 +16,10 @@ from bidding.bid import (
 )
 from bidding.models import Bid, Refusal
 from bidding.profile import NodeProfile
-from bidding.proxy import profile_of, proxy_answers
+from bidding.proxy import answers_inside, profile_of, proxy_answers
 from bidding.registry import LiveNode
-from bidding.store import write_session
+from bidding.store import read_session, write_session
+from bidding.strategies import STRATEGIES, AgentJudgment, decides_at_once, resolve_strategy
 from tests.unit.test_bid import NOW, announcement, episode, make_rfp, record, store_settings
 
 
@@ -122,3 +126,39 @@ def test_the_proxy_rereads_only_the_nodes_whose_version_changed(store_url):
     # and without versions (a store board) both are read afresh
     fresh = {a.node: a for a in proxy_answers(settings, rfp, nodes, now=NOW)}
     assert fresh["bluefin"].confidence == by_node["redfin"].confidence
+
+
+def test_answers_made_inside_the_award_are_the_bids_the_nodes_would_make(store_url):
+    # given the three nodes, of which greenfin lacks the required skill
+    populate(store_url)
+    forget_history()
+    settings = store_settings(store_url)
+    nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90),
+             live("greenfin", ("gpu",))]
+    rfp = make_rfp(task_type="extraction", required_skills=["pdf"])
+    # when the answers are made in a transaction, from the in-flight counts read there
+    inside = answers_inside(settings, rfp, nodes, now=NOW)
+    with read_session(store_url) as session:
+        made = inside.make(session, count_in_flight(session, list(inside.nodes)))
+    # then only the nodes that can bid are locked and counted
+    assert list(inside.nodes) == ["redfin", "bluefin"]
+    # and every answer is the one the announcer makes outside a transaction
+    assert made == proxy_answers(settings, rfp, nodes, now=NOW)
+    # and the bids carry the counts they were given (redfin has two tasks in flight)
+    assert [a.in_flight for a in made if isinstance(a, Bid)] == [2, 1]
+
+
+def test_answers_made_inside_the_award_need_a_strategy_that_decides_at_once(
+        store_url, monkeypatch):
+    # given a strategy that consults a judge (an LLM may take seconds under the write lock)
+    monkeypatch.setitem(STRATEGIES, "slow_judge",
+                        lambda: AgentJudgment(judge=lambda bids, rfp, caps: None))
+    settings = store_settings(store_url)
+    rfp = make_rfp(task_type="extraction", strategy="slow_judge")
+    inside = answers_inside(settings, rfp, [live("redfin", ("pdf",))], now=NOW)
+    # when its answers are to be made inside the award, then that is refused, naming it
+    with pytest.raises(ValueError, match="slow_judge decides outside"):
+        award_answers(settings, rfp, inside, closed_by="proxy bids", candidates=1, write=True)
+    # and without a judge the same strategy decides at once
+    assert decides_at_once(AgentJudgment()) and not decides_at_once(
+        resolve_strategy("slow_judge"))
