@@ -303,13 +303,45 @@ def award_answers(
 
 def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award) -> None:
     """Act on a committed award: send the execution to the winner, or fail the caller's
-    result with the reason there is none."""
+    result with the reason there is none.
+
+    The award is committed before the execution is sent, so a send that fails (the broker
+    down past Celery's publish retries) must not lose the task: it is marked undelivered and a
+    sweeper sends it again (``sweeper.resend``) once the broker is back.
+    """
     if award.winner is not None:
-        send_execution(app, rfp, award.winner, settings)
+        try:
+            send_execution(app, rfp, award.winner, settings)
+        except Exception as exc:
+            mark_undelivered(settings, rfp, award.winner, exc)
+            return
     else:
         app.backend.mark_as_failure(rfp.task_id, NoBidsError(award.error or NO_VALID_BIDS))
     logger.info("auction %s closed by %s: %s %s", rfp.task_id, award.closed_by, award.outcome,
                 award.winner or award.error)
+
+
+def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: BaseException,
+                     now: float | None = None, retry_in: float = 0.0) -> bool:
+    """Log that ``rfp``'s execution never reached ``node`` (SEND_FAILED) and make the task due
+    in ``retry_in`` seconds, so that a sweep then sends it again (``sweeper.resend``). False
+    when the task moved on meanwhile or the store could not be written either (then the error
+    is logged and the schedule-to-start watchdog, if set, is what re-places it)."""
+    now = time.time() if now is None else now
+    error = f"{type(exc).__name__}: {exc}"
+    logger.error("task %s: sending it to %s failed (%s); a sweeper will send it again",
+                 rfp.task_id, exec_queue(node), error)
+    try:
+        with write_session(settings.database_url) as session:
+            return transition(session, rfp.task_id, lifecycle.ASSIGNED,
+                              kind=journal.SEND_FAILED, from_states=(lifecycle.ASSIGNED,),
+                              expect_attempt=rfp.attempt, expect_node=node, message_node=node,
+                              at=now, detail={"error": error, "queue": exec_queue(node),
+                                              "retry_in_s": retry_in},
+                              due_at=now + retry_in)
+    except Exception:
+        logger.exception("task %s: could not record the failed send either", rfp.task_id)
+        return False
 
 
 _EXPIRED = (

@@ -25,6 +25,10 @@ ILLEGAL_TRANSITION: Final = "ILLEGAL_TRANSITION"
 SCHEDULED: Final = "SCHEDULED"
 RETRYING: Final = "RETRYING"
 REAWARDED: Final = "REAWARDED"
+#: The award is committed but its execution message could not be sent (the broker down).
+SEND_FAILED: Final = "SEND_FAILED"
+#: A sweeper sent an undelivered execution again, to the same winner.
+RESENT: Final = "RESENT"
 DEFERRED: Final = "DEFERRED"
 ESCALATED: Final = "ESCALATED"
 OUTPUT_INVALID: Final = "OUTPUT_INVALID"

@@ -4,7 +4,8 @@
 2. announces tasks whose scheduled start, retry backoff or deferral has come;
 3. watches winners: a task whose node stopped heartbeating, or that was not started within its
    schedule-to-start timeout, goes to the next-best bidder of the same auction (AITP 6.2
-   SELECT_NEXT_BEST), to a new auction, or fails, as its fallbacks say.
+   SELECT_NEXT_BEST), to a new auction, or fails, as its fallbacks say; a task whose execution
+   message could not be sent (SEND_FAILED) is sent again to the same winner.
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -22,16 +23,17 @@ from sqlalchemy import and_, bindparam, or_, select
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
-from bidding.award import close_expired, send_execution, start_by
+from bidding.award import close_expired, mark_undelivered, send_execution, start_by
 from bidding.board import history_changed
 from bidding.config import Settings
 from bidding.errors import NodeLostError
 from bidding.execution import record_episode
 from bidding.models import Announcement
+from bidding.profile import exec_queue
 from bidding.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Node
+from bidding.store.schema import BidRow, Message, Node
 from bidding.transition import transition
 
 logger = logging.getLogger(__name__)
@@ -64,13 +66,19 @@ def sweep_interval(settings: Settings, alive: int) -> float:
 
 _ALIVE = select(Node.name).where(Node.last_heartbeat >= bindparam("cutoff"))
 _LOST = (
-    select(AnnouncementRow.attempt, AnnouncementRow.assigned_node, AnnouncementRow.state,
-           AnnouncementRow.spec)
+    select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
+           AnnouncementRow.state, AnnouncementRow.spec)
     .where(AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES)),
            or_(AnnouncementRow.assigned_node.not_in(bindparam("alive", expanding=True)),
                and_(AnnouncementRow.state == lifecycle.ASSIGNED,
                     AnnouncementRow.due_at <= bindparam("now"))))
     .limit(bindparam("limit"))
+)
+_LAST_KIND = (
+    select(Message.kind)
+    .where(Message.task_id == bindparam("task_id"), Message.attempt == bindparam("attempt"))
+    .order_by(Message.id.desc())
+    .limit(1)
 )
 
 
@@ -86,28 +94,68 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         alive = set(session.scalars(_ALIVE, {"cutoff": cutoff}))
         rows = session.execute(
             _LOST, {"alive": sorted(alive), "now": now, "limit": limit}).all()
+        # A live winner's task that is due while ASSIGNED: late to start, or never sent?
+        undelivered = {task_id for task_id, attempt, node, state, _ in rows
+                       if node in alive and state == lifecycle.ASSIGNED
+                       and session.scalar(_LAST_KIND, {"task_id": task_id, "attempt": attempt})
+                       == journal.SEND_FAILED}
     if not rows:
         return 0, len(alive)
     live = {n.name for n in query_live_nodes(settings, now)}
     moved = 0
-    for attempt, node, state, spec in rows:
-        reason = (f"node {node} stopped heartbeating" if node not in alive
-                  else f"node {node} did not start the task in time")
+    for task_id, attempt, node, state, spec in rows:
         rfp = Announcement.model_validate(spec)
-        if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now):
+        if task_id in undelivered:
+            if resend(settings, app, rfp, attempt, node, now):
+                moved += 1
+            continue
+        dead = node not in alive
+        reason = (f"node {node} stopped heartbeating" if dead
+                  else f"node {node} did not start the task in time")
+        if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now,
+                          due_by=None if dead else now):
             moved += 1
             history_changed(settings, app, node)  # the lost attempt counts against it
     return moved, len(alive)
 
 
+#: Seconds before a sweeper tries again to send an execution whose resend failed too.
+RESEND_BACKOFF = 5.0
+
+
+def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
+           now: float) -> bool:
+    """Send again the execution that never reached ``node`` (``award.mark_undelivered``), to
+    the same winner: the node did nothing wrong, so it keeps the task and no failure counts
+    against it. The schedule-to-start clock starts again now. A send that fails again is
+    marked undelivered again, due in ``RESEND_BACKOFF`` seconds."""
+    with write_session(settings.database_url) as session:
+        if not transition(session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.RESENT,
+                          from_states=(lifecycle.ASSIGNED,), expect_attempt=attempt,
+                          expect_node=node, due_by=now, message_node=node, at=now,
+                          detail={"queue": exec_queue(node)},
+                          due_at=start_by(settings, rfp, now)):
+            return False
+    # Sent after the commit: the write lock is not held while the broker may be retried.
+    try:
+        send_execution(app, rfp, node, settings)
+    except Exception as exc:
+        mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF)
+        return False
+    logger.info("task %s: sent again to %s (its first send failed)", rfp.task_id,
+                exec_queue(node))
+    return True
+
+
 def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
-                   state: str, live: set[str], reason: str, now: float) -> bool:
-    """Apply the task's on_agent_offline fallback to a lost winner."""
+                   state: str, live: set[str], reason: str, now: float,
+                   due_by: float | None = None) -> bool:
+    """Apply the task's on_agent_offline fallback to a lost winner. ``due_by``: only if the
+    task is still due by then (a winner late to start; another sweeper may have resent it)."""
     policy = rfp.fallbacks.on_agent_offline
     exclude = [*rfp.exclude_nodes, node] if node not in rfp.exclude_nodes else rfp.exclude_nodes
     moved_to: str | None = None
     with write_session(settings.database_url) as session:
-        _lost_episode(session, rfp, attempt, node, reason, now)
         if policy == "next_best":
             moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
         if moved_to is not None:
@@ -115,32 +163,37 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
             ok = transition(
                 session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
                 from_states=(state,), expect_attempt=attempt, expect_node=node,
-                message_node=moved_to, at=now,
+                due_by=due_by, message_node=moved_to, at=now,
                 detail={"from": node, "to": moved_to, "reason": reason},
                 assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
                 started_at=None, due_at=start_by(settings, nxt, now),
             )
             if ok:
+                _lost_episode(session, rfp, attempt, node, reason, now)
                 send_execution(app, nxt, moved_to, settings)
             return ok
         if policy == "fail":
             ok = transition(session, rfp.task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
                             from_states=(state,), expect_attempt=attempt, expect_node=node,
-                            at=now, detail={"error": reason}, error=reason, finished_at=now,
-                            due_at=None)
+                            due_by=due_by, at=now, detail={"error": reason}, error=reason,
+                            finished_at=now, due_at=None)
             if ok:
+                _lost_episode(session, rfp, attempt, node, reason, now)
                 app.backend.mark_as_failure(rfp.task_id, NodeLostError(reason))
             return ok
         nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
                                      "announced_at": now})
-        return transition(
+        ok = transition(
             session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
-            from_states=(state,), expect_attempt=attempt, expect_node=node, at=now,
-            detail={"why": reason + "; no other bidder left, new auction",
-                    "next_attempt": attempt + 1, "delay_s": 0},
+            from_states=(state,), expect_attempt=attempt, expect_node=node, due_by=due_by,
+            at=now, detail={"why": reason + "; no other bidder left, new auction",
+                            "next_attempt": attempt + 1, "delay_s": 0},
             attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
             assigned_node=None,
         )
+        if ok:
+            _lost_episode(session, rfp, attempt, node, reason, now)
+        return ok
 
 
 def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],

@@ -61,6 +61,7 @@ def transition(
     from_states: Iterable[str] | None = None,
     expect_attempt: int | None = None,
     expect_node: str | None = None,
+    due_by: float | None = None,
     message_node: str | None = None,
     at: float | None = None,
     detail: dict[str, Any] | None = None,
@@ -70,11 +71,13 @@ def transition(
 
     ``from_states`` narrows the allowed sources (it must be a subset of them);
     ``expect_attempt`` and ``expect_node`` make the change conditional on the task's current
-    attempt and assigned node. ``values`` are the columns to set (``attempt=`` included).
+    attempt and assigned node, ``due_by`` on its ``due_at`` having come by then (a watchdog's
+    condition: another sweeper may have dealt with it meanwhile). ``values`` are the columns
+    to set (``attempt=`` included).
     """
     return apply(session, task_id, (Step(target, kind, message_node, detail, values),),
                  from_states=from_states, expect_attempt=expect_attempt,
-                 expect_node=expect_node, at=at).moved
+                 expect_node=expect_node, due_by=due_by, at=at).moved
 
 
 def apply(
@@ -85,17 +88,18 @@ def apply(
     from_states: Iterable[str] | None = None,
     expect_attempt: int | None = None,
     expect_node: str | None = None,
+    due_by: float | None = None,
     at: float | None = None,
     returning: Sequence[str] = (),
 ) -> Outcome:
     """Move ``task_id`` along ``steps`` with one UPDATE, logging one message per step.
 
-    The conditions (``from_states``, ``expect_attempt``, ``expect_node``) are those of the first
-    step, exactly as ``transition`` applies them. Each later step must be allowed from the one
-    before it (else ValueError): in the same transaction, right after the first step, it could
-    not be refused, so the path is what the transitions one after the other would do. A refused
-    path is logged as one ILLEGAL_TRANSITION of its first step (``returning`` then names
-    columns to read back, see ``Outcome.row``).
+    The conditions (``from_states``, ``expect_attempt``, ``expect_node``, ``due_by``) are those
+    of the first step, exactly as ``transition`` applies them. Each later step must be allowed
+    from the one before it (else ValueError): in the same transaction, right after the first
+    step, it could not be refused, so the path is what the transitions one after the other would
+    do. A refused path is logged as one ILLEGAL_TRANSITION of its first step (``returning``
+    then names columns to read back, see ``Outcome.row``).
     """
     if not steps:
         raise ValueError("a transition needs at least one step")
@@ -117,7 +121,7 @@ def apply(
     dialect = session.get_bind().dialect
     with_returning = bool(returning) and dialect.update_returning
     stmt = _update(tuple(sorted(allowed)), steps[-1].target, expect_attempt is not None,
-                   expect_node is not None,
+                   expect_node is not None, due_by is not None,
                    tuple(sorted(k for k, v in values.items() if v is not None)),
                    tuple(sorted(k for k, v in values.items() if v is None)),
                    tuple(returning) if with_returning else ())
@@ -127,6 +131,8 @@ def apply(
         params["t_attempt"] = expect_attempt
     if expect_node is not None:
         params["t_node"] = expect_node
+    if due_by is not None:
+        params["t_due"] = due_by
     result = cast(CursorResult[Any], session.execute(stmt, params))
     if with_returning:
         row = result.one_or_none()
@@ -163,7 +169,8 @@ def apply(
 
 @lru_cache(maxsize=256)
 def _update(allowed: tuple[str, ...], target: str, by_attempt: bool, by_node: bool,
-            keys: tuple[str, ...], nulls: tuple[str, ...], returning: tuple[str, ...]) -> Update:
+            by_due: bool, keys: tuple[str, ...], nulls: tuple[str, ...],
+            returning: tuple[str, ...]) -> Update:
     c = _TABLE.c
     # One source state (the usual case) is a plain comparison: an IN is expanded per execution.
     state = c.state == allowed[0] if len(allowed) == 1 else c.state.in_(allowed)
@@ -172,6 +179,8 @@ def _update(allowed: tuple[str, ...], target: str, by_attempt: bool, by_node: bo
         stmt = stmt.where(c.attempt == bindparam("t_attempt"))
     if by_node:
         stmt = stmt.where(c.assigned_node == bindparam("t_node"))
+    if by_due:  # NULL (nothing due) fails it too
+        stmt = stmt.where(c.due_at <= bindparam("t_due"))
     # None is SQL NULL (as a literal None in ``values()`` is), also for JSON columns.
     stmt = stmt.values(state=target, **{k: bindparam(f"v_{k}") for k in keys},
                        **dict.fromkeys(nulls))

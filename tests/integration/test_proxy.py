@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import select
 
 import bidding
-from bidding import scoring
+from bidding import award, scoring
 from bidding.proxy import PROXY_CLOSE
 from bidding.store import read_session
 from bidding.store.schema import Message
@@ -150,3 +150,30 @@ def test_a_proxied_winner_that_never_starts_is_replaced_by_the_next_best_bidder(
     assert moved.detail["from"] == "ghost" and moved.detail["to"] == value["node"]
     assert 1.0 <= elapsed < 6
     assert proxied.executions(result.id) == 1
+
+
+def test_an_award_the_caller_could_not_send_is_sent_by_a_sweeper(
+    proxied: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a caller whose execution message fails to reach the broker once (as when the
+    # broker is down past Celery's publish retries), after the award is committed
+    def broker_down(*_: object, **__: object) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(award, "send_execution", broker_down)
+    result = shared.delay(11)
+    monkeypatch.undo()
+    # when the caller waits, then a node's sweeper sends it again and its value comes back
+    value = result.get(timeout=15)
+    assert value == {"node": value["node"], "value": 11}
+    assert proxied.executions(result.id) == 1
+    # and the log says why: the failed send, then the resend to the same winner
+    log = messages(proxied, result.id)
+    # (another node's sweeper that saw the task due may log its refused attempt to move it)
+    kinds = [m.kind for m in log if m.kind != "ILLEGAL_TRANSITION"]
+    assert kinds[kinds.index("AWARDED"):kinds.index("TASK_ACCEPTED")] == [
+        "AWARDED", "SEND_FAILED", "RESENT"]
+    failed = next(m for m in log if m.kind == "SEND_FAILED")
+    assert failed.detail["error"] == "ConnectionError: broker down"
+    assert {m.node for m in log if m.kind in ("AWARDED", "SEND_FAILED", "RESENT")} == {
+        value["node"]}

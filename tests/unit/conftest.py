@@ -1,13 +1,21 @@
-"""Fixtures of the unit tests that use a store: a SQLite file in tmp_path, no broker."""
+"""Fixtures of the unit tests that use a store: a SQLite file in tmp_path, or a new
+PostgreSQL database (``settings``, both), no broker."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
+from bidding.config import Settings
 from bidding.store import dispose_all, upgrade
+from bidding.store.engine import normalize_url
 from bidding.store.migrate import forget_schema_checks
+from tests.conftest import POSTGRES_URL, require
 
 
 @pytest.fixture
@@ -23,3 +31,29 @@ def store_url(fresh_url: str) -> str:
     """URL of a SQLite store migrated to head."""
     upgrade(fresh_url)
     return fresh_url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Settings]:
+    """A migrated store: the SQLite file of ``store_url``, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield Settings(database_url=store_url, auto_migrate=False)
+        return
+    server = make_url(normalize_url(POSTGRES_URL))
+    name = f"bidding_ut_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(server, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except OperationalError as exc:
+        admin.dispose()
+        require("PostgreSQL", False, str(exc).splitlines()[0])
+    url = server.set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield Settings(database_url=url, auto_migrate=False)
+    finally:
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

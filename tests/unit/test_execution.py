@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import random
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, select, text
-from sqlalchemy.engine import make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy import select
 
 from bidding import execution, journal, lifecycle
 from bidding.config import Settings
@@ -19,41 +16,13 @@ from bidding.errors import CostExceededError, OutputValidationError
 from bidding.models import Announcement, RetryPolicy
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat, query_live_nodes
-from bidding.store import dispose_all, read_session, upgrade, write_session
-from bidding.store.engine import normalize_url
+from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, LedgerEntry, Message
 from bidding.transition import transition
-from tests.conftest import POSTGRES_URL, require
 
 NODE = "n1"
 PRICE = 0.5
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Settings]:
-    """A migrated store: the SQLite file of ``store_url``, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        yield Settings(database_url=store_url, auto_migrate=False)
-        return
-    server = make_url(normalize_url(POSTGRES_URL))
-    name = f"bidding_ut_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(server, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except OperationalError as exc:
-        admin.dispose()
-        require("PostgreSQL", False, str(exc).splitlines()[0])
-    url = server.set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
-        yield Settings(database_url=url, auto_migrate=False)
-    finally:
-        dispose_all()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
 
 
 def assigned(settings: Settings, *, node: str = NODE, **fields: Any) -> Announcement:

@@ -1,0 +1,125 @@
+"""An award whose execution message cannot be sent is not lost: it is logged SEND_FAILED and a
+sweep sends it again to the same winner (SQLite and PostgreSQL; the send is faked, no broker)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import select
+
+from bidding import award, journal, lifecycle, sweeper
+from bidding.config import Settings
+from bidding.models import Award
+from bidding.profile import NodeProfile
+from bidding.registry import heartbeat
+from bidding.store import read_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Episode
+from tests.unit.test_execution import NODE, assigned, log
+
+
+class Broker:
+    """A stand-in for ``send_execution``: down until ``up`` is set, and counting sends."""
+
+    def __init__(self) -> None:
+        self.up = False
+        self.sent: list[tuple[str, str]] = []
+
+    def send(self, app: Any, rfp: Any, node: str, settings: Any = None) -> None:
+        if not self.up:
+            raise ConnectionError("broker down")
+        self.sent.append((rfp.task_id, node))
+
+
+@pytest.fixture
+def broker(monkeypatch: pytest.MonkeyPatch) -> Broker:
+    fake = Broker()
+    monkeypatch.setattr(award, "send_execution", fake.send)
+    monkeypatch.setattr(sweeper, "send_execution", fake.send)
+    return fake
+
+
+def row(settings: Settings, task_id: str) -> AnnouncementRow:
+    with read_session(settings.database_url) as session:
+        found = session.scalars(select(AnnouncementRow)
+                                .where(AnnouncementRow.task_id == task_id)).one()
+        session.expunge(found)
+        return found
+
+
+def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
+    settings: Settings, broker: Broker, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given a live winner, and an award committed while the broker is down
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
+    app = Celery("t", broker="memory://", set_as_current=False)
+    rfp = assigned(settings)
+    won = Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=NODE,
+                strategy="weighted", closed_by="proxy bids")
+    # when the award is routed
+    award.route_award(app, settings, rfp, won)
+    # then nothing was sent, the log says why, and the task is due for a resend
+    assert broker.sent == []
+    kind, node, _, detail = log(settings, rfp.task_id)[-1]
+    assert (kind, node) == (journal.SEND_FAILED, NODE)
+    assert detail["error"] == "ConnectionError: broker down"
+    assert detail["queue"] == f"exec.{NODE}"
+    assert row(settings, rfp.task_id).due_at is not None
+    assert "sending it to exec.n1 failed" in caplog.text
+
+    # when a sweep runs while the broker is still down
+    moved, _ = sweeper.check_winners(settings, app, now=time.time())
+    # then the resend failed too and is put off, and the node still has the task
+    assert moved == 0
+    kinds = [m[0] for m in log(settings, rfp.task_id)]
+    assert kinds[-3:] == [journal.SEND_FAILED, journal.RESENT, journal.SEND_FAILED]
+    again = row(settings, rfp.task_id)
+    assert again.state == lifecycle.ASSIGNED and again.assigned_node == NODE
+    assert again.due_at is not None and again.due_at > time.time() + 1
+
+    # when the broker is back and the put-off time has come
+    broker.up = True
+    moved, _ = sweeper.check_winners(settings, app, now=time.time() + sweeper.RESEND_BACKOFF)
+    # then the task is sent to the same winner, ASSIGNED to it with no start deadline
+    assert moved == 1 and broker.sent == [(rfp.task_id, NODE)]
+    final = row(settings, rfp.task_id)
+    assert (final.state, final.assigned_node, final.due_at) == (lifecycle.ASSIGNED, NODE, None)
+    assert log(settings, rfp.task_id)[-1][:2] == (journal.RESENT, NODE)
+    # and no failed attempt counts against the node
+    with read_session(settings.database_url) as session:
+        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+    # and a later sweep leaves it alone
+    assert sweeper.check_winners(settings, app, now=time.time() + 1)[0] == 0
+    # and a sweeper that saw it due before the resend cannot take it from the node, nor
+    # send it a second time
+    now = time.time()
+    assert not sweeper.replace_winner(settings, app, rfp, rfp.attempt, NODE, lifecycle.ASSIGNED,
+                                      {NODE}, "late", now, due_by=now)
+    assert not sweeper.resend(settings, app, rfp, rfp.attempt, NODE, now)
+    assert broker.sent == [(rfp.task_id, NODE)]
+    assert row(settings, rfp.task_id).assigned_node == NODE
+    with read_session(settings.database_url) as session:
+        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+
+
+def test_a_winner_late_to_start_is_still_replaced_not_resent(
+    settings: Settings, broker: Broker,
+) -> None:
+    # given a task sent to a live winner, which has not started it by its start deadline
+    app = Celery("t", broker="memory://", set_as_current=False)
+    rfp = assigned(settings)  # due to start within 30 s
+    later = time.time() + 31
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=later)
+    broker.up = True
+    # when a sweep runs after that deadline
+    sweeper.check_winners(settings, app, now=later)
+    # then it is not resent to the same node: the late-start watchdog took it from the node
+    assert (rfp.task_id, NODE) not in broker.sent
+    messages = log(settings, rfp.task_id)
+    assert journal.RESENT not in [m[0] for m in messages]
+    retrying = next(m for m in messages if m[0] == journal.RETRYING)
+    assert retrying[3]["why"].startswith(f"node {NODE} did not start the task in time")
+    assert row(settings, rfp.task_id).state == lifecycle.RETRYING
