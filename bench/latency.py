@@ -1086,17 +1086,17 @@ def _profiles(results: dict[str, Any]) -> list[str]:
                     f"auctions per pass; e2e p50 {_fmt(p['e2e_traced']['p50'])} ms with the "
                     f"phase timers and py-spy, {_fmt(p['e2e_pyinstrument']['p50'])} ms under "
                     "pyinstrument)", "",
-                    "| phase (all processes of that side) | calls per auction | "
+                    "| where: phase (all processes of that side) | calls per auction | "
                     "ms per auction | ms per call |", "|---|---|---|---|"]
             for side in ("caller_phases", "node_phases"):
                 for k, val in sorted(p[side].items(), key=lambda kv: (kv[0].startswith("sql"),
                                                                        kv[0])):
                     per_call = (val["ms_per_auction"] / val["per_auction"]
                                 if val["per_auction"] else 0.0)
-                    label = k if side == "node_phases" or not k.startswith("sql") else \
-                        f"caller {k}"
-                    if side == "node_phases" and k.startswith("sql"):
-                        label = f"nodes {k}"
+                    # Labelled by the side that ran it: in proxy mode the caller awards.
+                    where = "caller" if side == "caller_phases" else "nodes"
+                    name = k.split(".", 1)[1] if k.startswith(("caller.", "node.")) else k
+                    label = f"{where}: {name}"
                     out.append(f"| {label} | {val['per_auction']:.2f} | "
                                f"{val['ms_per_auction']:.2f} | {per_call:.2f} |")
             pi = p.get("pyinstrument", {})
