@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from bidding import journal, lifecycle, scoring
 from bidding.award import close_auction, route_award
 from bidding.board import get_board
+from bidding.canvas import fail_caller
 from bidding.config import Settings
 from bidding.consumer import request_bids
 from bidding.errors import ConfigurationError, EscalatedError, NoBidsError
@@ -164,18 +165,11 @@ def announce(
     rfp: Announcement,
     *,
     delay: float = 0.0,
-    link: Any = None,
-    link_error: Any = None,
     fresh_id: bool = False,
 ) -> AsyncResult:
     """Record ``rfp``, ask the candidates to bid (now, or after ``delay`` seconds), and return
     the AsyncResult of its execution. ``fresh_id``: the task id was generated for this call
     (not given by the caller), so no other auction can have it."""
-    if link is not None or link_error is not None:
-        raise ConfigurationError(
-            "link/link_error: callbacks on a bidding task are not supported yet; "
-            "chain on the AsyncResult instead"
-        )
     if settings.auto_migrate:
         ensure_schema(settings.database_url)
     if delay > 0:
@@ -306,7 +300,7 @@ def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement,
                           from_states=(lifecycle.DEFERRED,), detail={"reason": reason},
                           error=reason, finished_at=now, due_at=None):
             return False
-        escalate(app, settings, rfp.task_id, reason)
+        escalate(app, settings, rfp, reason)
         return True
     later = rfp.model_copy(update={"deferrals": rfp.deferrals + 1})
     due = now + fb.defer_seconds
@@ -323,12 +317,12 @@ def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement,
                       spec=later.model_dump(mode="json"), due_at=due)
 
 
-def escalate(app: Celery, settings: Settings, task_id: str, reason: str) -> None:
+def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) -> None:
     """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
     from bidding.signals import notify, task_escalated
 
-    app.backend.mark_as_failure(task_id, EscalatedError(reason))
-    notify(settings, task_escalated, "task_escalated", task_id=task_id, reason=reason)
+    fail_caller(app, rfp, EscalatedError(reason))
+    notify(settings, task_escalated, "task_escalated", task_id=rfp.task_id, reason=reason)
 
 
 _DUE = (
@@ -365,4 +359,4 @@ def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
                            detail={"error": reason}, error=reason, finished_at=time.time(),
                            due_at=None)
     if moved:
-        app.backend.mark_as_failure(rfp.task_id, NoBidsError(reason))
+        fail_caller(app, rfp, NoBidsError(reason))

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 
 from bidding import journal, lifecycle, scoring
 from bidding.board import answer_message, bid_values, get_board, sorted_answers
+from bidding.canvas import fail_caller, message_options
 from bidding.config import Settings
 from bidding.errors import NoBidsError
 from bidding.models import Announcement, Award, Bid, Refusal, Score
@@ -316,7 +317,7 @@ def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award
             mark_undelivered(settings, rfp, award.winner, exc)
             return
     else:
-        app.backend.mark_as_failure(rfp.task_id, NoBidsError(award.error or NO_VALID_BIDS))
+        fail_caller(app, rfp, NoBidsError(award.error or NO_VALID_BIDS))
     logger.info("auction %s closed by %s: %s %s", rfp.task_id, award.closed_by, award.outcome,
                 award.winner or award.error)
 
@@ -545,7 +546,8 @@ def send_execution(app: Celery, rfp: Announcement, node: str,
     amqp = app.amqp
     message = amqp.create_task_message(
         rfp.task_id, rfp.task_name, rfp.args, rfp.kwargs, time_limit=hard, soft_time_limit=soft,
-        create_sent_event=bool(app.conf.task_send_sent_event), reply_to=app.thread_oid)
+        create_sent_event=bool(app.conf.task_send_sent_event), reply_to=app.thread_oid,
+        **message_options(rfp.canvas))
     queue = exec_queue(node)
     with app.producer_or_acquire() as producer:
         amqp.send_task_message(producer, rfp.task_name, message, queue=queue, routing_key=queue,

@@ -109,6 +109,26 @@ def skill_names(value: list[str], what: str) -> list[str]:
     return list(dict.fromkeys(cleaned))
 
 
+class CanvasOptions(BaseModel):
+    """What Celery's canvas passed with a call, put into each execution message as Celery's
+    ``send_task`` would (``bidding.canvas``): signatures as plain dicts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: ``link``: run with the result when the task succeeds.
+    callbacks: list[dict[str, Any]] | None = None
+    #: ``link_error``: run when the task fails for good.
+    errbacks: list[dict[str, Any]] | None = None
+    #: The rest of a chain (in Celery's order: the next task last).
+    chain: list[dict[str, Any]] | None = None
+    group_id: str | None = None
+    group_index: int | None = None
+    #: The body of the chord this task is a header task of.
+    chord: dict[str, Any] | None = None
+    root_id: str | None = None
+    parent_id: str | None = None
+
+
 class Announcement(BaseModel):
     """One task put up for bidding (the RFP of seed 001, the announcement of seed 000)."""
 
@@ -157,6 +177,8 @@ class Announcement(BaseModel):
     failures: int = Field(0, ge=0)
     attempt: int = Field(1, ge=1)
     announced_at: float = Field(default_factory=time.time)
+    #: Celery's canvas around the call (callbacks, errbacks, chain, group, chord, parent).
+    canvas: CanvasOptions = Field(default_factory=CanvasOptions)
 
     @field_validator("required_skills")
     @classmethod

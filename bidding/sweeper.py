@@ -25,6 +25,7 @@ from bidding import journal, lifecycle
 from bidding.announce import announce_due
 from bidding.award import close_expired, mark_undelivered, send_execution, start_by
 from bidding.board import history_changed
+from bidding.canvas import fail_caller
 from bidding.config import Settings
 from bidding.errors import NodeLostError
 from bidding.execution import record_episode
@@ -179,7 +180,7 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
                             finished_at=now, due_at=None)
             if ok:
                 _lost_episode(session, rfp, attempt, node, reason, now)
-                app.backend.mark_as_failure(rfp.task_id, NodeLostError(reason))
+                fail_caller(app, rfp, NodeLostError(reason))
             return ok
         nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
                                      "announced_at": now})

@@ -32,6 +32,7 @@ from bidding import execution
 from bidding.announce import announce, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
 from bidding.board import history_changed
+from bidding.canvas import canvas_of
 from bidding.errors import DeadlinePassedError
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
@@ -79,8 +80,10 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     ) -> AsyncResult:
         """Announce this call for bidding and return the AsyncResult of its execution.
 
-        ``countdown``/``eta`` delay the auction itself. Called by ``self.retry()`` inside a
-        running bidding task, it schedules that task's next attempt instead.
+        ``countdown``/``eta`` delay the auction itself. ``link``, ``link_error`` and Celery's
+        canvas (chains, groups, chords) go with the task's execution (``bidding.canvas``).
+        Called by ``self.retry()`` inside a running bidding task, it schedules that task's next
+        attempt instead.
         """
         if self.app.conf.task_always_eager:
             return super().apply_async(args, kwargs, task_id, producer, link, link_error,
@@ -99,8 +102,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if self.retry_policy is not None and "retry_policy" not in merged:
             merged["retry_policy"] = self.retry_policy
         rfp = build_announcement(self, settings, args, kwargs, merged, task_id)
-        return announce(self.app, settings, rfp, delay=delay, link=link, link_error=link_error,
-                        fresh_id=task_id is None)
+        rfp.canvas = canvas_of(self.app, link, link_error, options)
+        return announce(self.app, settings, rfp, delay=delay, fresh_id=task_id is None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node, record the attempt around it and skip duplicates."""

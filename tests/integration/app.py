@@ -154,3 +154,16 @@ def stubborn(self: Any, seconds: float) -> str:
         with contextlib.suppress(SoftTimeLimitExceeded):
             time.sleep(0.05)
     return "finished"
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="total", required_skills=["shared"])
+def total(self: Any, parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sum of ``shared``'s values (a chord's body, or the next link of a chain)."""
+    return _run(self, sum(part["value"] for part in parts), 0.0)
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="remember", required_skills=["shared"])
+def remember(self: Any, task_id: str, key: str) -> str:
+    """An errback (``link_error``): keeps the id of the task that failed, under ``key``."""
+    counters().rpush(key, task_id)
+    return task_id
