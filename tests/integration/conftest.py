@@ -207,3 +207,18 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -
             return True
         time.sleep(interval)
     return bool(predicate())  # type: ignore[operator]
+
+
+def assert_no_confident_bid(cluster: Cluster) -> None:
+    """Seed 001's outcome when every bid's confidence is too low: given a task type every node
+    has failed twice (confidence (0 + 2) / (2 + 2) = 0.5), a task announced with
+    min_confidence 0.9 fails with "No bids met minimum confidence"."""
+    import bidding
+    from tests.integration.app import failing
+
+    for _ in range(2 * len(NODES)):
+        with pytest.raises(ValueError):
+            failing.delay("warm-up").get(timeout=15)
+    result = failing.apply_async(("x",), bidding={"min_confidence": 0.9})
+    with pytest.raises(bidding.NoBidsError, match="No bids met minimum confidence"):
+        result.get(timeout=15)

@@ -20,7 +20,7 @@ from bidding.profile import NodeProfile
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement, Message
 from tests.integration.app import failing, gpu, phantom, shared
-from tests.integration.conftest import NODES, Cluster, wait_for
+from tests.integration.conftest import NODES, Cluster, assert_no_confident_bid, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -135,15 +135,8 @@ def test_no_valid_bid_fails_or_falls_back_as_configured(cluster: Cluster) -> Non
 
 
 def test_no_confident_bid_gives_seed_001s_error(cluster: Cluster) -> None:
-    # given a task type every node has failed before (two failures: confidence (0+2)/(2+2))
-    for _ in range(2 * len(NODES)):
-        with pytest.raises(ValueError):
-            failing.delay("warm-up").get(timeout=15)
-    # when it is announced with min_confidence 0.9
-    result = failing.apply_async(("x",), bidding={"min_confidence": 0.9})
-    # then seed 001's outcome arrives
-    with pytest.raises(bidding.NoBidsError, match="No bids met minimum confidence"):
-        result.get(timeout=15)
+    # the nodes bid on their records: seed 001's outcome when no bid is confident enough
+    assert_no_confident_bid(cluster)
 
 
 def test_a_failing_task_reaches_the_caller_and_is_recorded(cluster: Cluster) -> None:

@@ -15,11 +15,12 @@ from bidding import award, scoring
 from bidding.proxy import PROXY_CLOSE
 from bidding.store import read_session
 from bidding.store.schema import Message
-from tests.integration.app import failing, flaky, ghostly, gpu, shared
+from tests.integration.app import flaky, ghostly, gpu, shared
 from tests.integration.conftest import (
     NODES,
     Cluster,
     _postgres_database,
+    assert_no_confident_bid,
     running_cluster,
     wait_for,
 )
@@ -104,15 +105,8 @@ def test_proxy_bids_count_the_work_a_node_has_in_flight(proxied: Cluster) -> Non
 
 
 def test_a_node_that_failed_a_task_type_bids_low_by_proxy(proxied: Cluster) -> None:
-    # given a task type every node has failed twice (confidence (0 + 2) / (2 + 2) = 0.5)
-    for _ in range(2 * len(NODES)):
-        with pytest.raises(ValueError):
-            failing.delay("warm-up").get(timeout=15)
-    # when it is announced with min_confidence 0.9
-    result = failing.apply_async(("x",), bidding={"min_confidence": 0.9})
-    # then the proxy read their record: seed 001's outcome arrives
-    with pytest.raises(bidding.NoBidsError, match="No bids met minimum confidence"):
-        result.get(timeout=15)
+    # the proxy reads the nodes' records: seed 001's outcome when no bid is confident enough
+    assert_no_confident_bid(proxied)
 
 
 def test_a_retry_is_auctioned_again_by_proxy_on_another_node(proxied: Cluster) -> None:
