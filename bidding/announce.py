@@ -214,7 +214,7 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     """
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
-    proxy = settings.bid_mode == "proxy" and bool(candidates)
+    proxy = (rfp.bid_mode or settings.bid_mode) == "proxy" and bool(candidates)
     if proxy and new and decides_at_once(resolve_strategy(rfp.strategy)):
         # The announcement, its bids and its award in one transaction.
         if _award_by_proxy(app, settings, rfp, live, candidates,

@@ -37,6 +37,7 @@ OPTION_KEYS: tuple[str, ...] = (
     "timeout_seconds",
     "schedule_to_start_timeout",
     "output_schema",
+    "bid_mode",
 )
 
 
@@ -167,6 +168,9 @@ class Announcement(BaseModel):
     schedule_to_start_timeout: float | None = Field(None, gt=0)
     #: JSON Schema the result must match for COMPLETED -> SUCCESS (AITP 2.1 output).
     output_schema: dict[str, Any] | None = None
+    #: Who makes the bids for this task: "ask" its candidates, or "proxy" (the announcer, from
+    #: their published profiles and history); None: the announcer's ``bidding_bid_mode``.
+    bid_mode: Literal["ask", "proxy"] | None = None
     #: Nodes this task must not go to again (they failed it or went offline with it).
     exclude_nodes: list[str] = Field(default_factory=list)
     #: Cost already spent on earlier attempts (from the ledger).

@@ -334,7 +334,8 @@ def test_non_json_arguments_are_refused(args, kwargs):
     ("options", "field"),
     [({"priority": 12}, "priority"), ({"window": -1}, "window"),
      ({"min_confidence": 1.5}, "min_confidence"), ({"budget": -0.1}, "budget"),
-     ({"no_bid": "retry"}, "no_bid"), ({"required_skills": [" "]}, "required_skills")],
+     ({"no_bid": "retry"}, "no_bid"), ({"required_skills": [" "]}, "required_skills"),
+     ({"bid_mode": "auction"}, "bid_mode")],
 )
 def test_bad_option_value_names_the_field(options, field):
     # given an option value out of range or of the wrong kind
