@@ -327,6 +327,20 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
                      f"retry {failures} of {policy.max_retries}")
 
 
+def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: str,
+            now: float | None = None) -> bool:
+    """Celery revoked the task on ``node`` (its message dropped, or its process terminated):
+    FAILED with ``reason``. Nothing is charged and no episode counts against the node: the
+    caller stopped it. Celery has stored REVOKED for the caller already. False when this
+    attempt no longer holds the task (re-awarded, finished)."""
+    now = time.time() if now is None else now
+    with write_session(settings.database_url) as session:
+        return transition(session, task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
+                          from_states=lifecycle.IN_FLIGHT_STATES, expect_attempt=attempt,
+                          expect_node=node, at=now, detail={"error": reason, "revoked": True},
+                          error=reason, finished_at=now, due_at=None)
+
+
 def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
     """The pool process was killed at the hard time limit: the attempt is FAILED.
 

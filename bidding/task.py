@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
+from celery.signals import task_revoked
 from sqlalchemy.engine import make_url
 
 from bidding import execution
@@ -203,3 +204,25 @@ def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
         return None
     return DeadlinePassedError(
         f"deadline passed {now - deadline:.3f}s before the task could start on {run.node}")
+
+
+@task_revoked.connect  # type: ignore[untyped-decorator]  # Celery is untyped
+def _revoked_on_a_node(sender: Any = None, request: Any = None, terminated: bool = False,
+                       signum: Any = None, expired: bool = False, **_: Any) -> None:
+    """``AsyncResult.revoke()``, ``celery control revoke`` or Flower's button reached the node
+    that won a bidding task: Celery dropped its message (or terminated its process) and stored
+    REVOKED for the caller; the store records it too, so the task ends FAILED, not ASSIGNED
+    or EXECUTING for ever. Runs in the worker's main process."""
+    if not isinstance(sender, BiddingTask) or request is None:
+        return
+    attempt, node = _header(request, ATTEMPT_HEADER), _header(request, NODE_HEADER)
+    if attempt is None or node is None:
+        return
+    why = "expired" if expired else (f"terminated (signal {signum})" if terminated else
+                                     "dropped before it started")
+    settings = get_settings(sender.app)
+    try:
+        if execution.revoked(settings, request.id, int(attempt), str(node), f"revoked: {why}"):
+            history_changed(settings, sender.app, str(node))
+    except Exception:  # never break the worker's revoke handling; the watchdogs remain
+        logger.exception("recording the revoke of %s failed", request.id)

@@ -17,6 +17,7 @@ from bidding.award import close_auction
 from bidding.bid import NodeHistory, compute_bid
 from bidding.board import RedisBoard, get_board
 from bidding.profile import NodeProfile
+from bidding.proxy import PROXY_CLOSE
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement, Message
 from tests.integration.app import failing, gpu, phantom, shared
@@ -276,3 +277,15 @@ def test_an_open_auction_shows_its_bids_and_still_ends_if_the_board_is_lost(
     why = bidding.explain(result.id, app=cluster.app)
     assert (why.state, why.closed_by) == ("FAILED", "deadline")
     assert "No bids received" in (why.error or "")
+
+
+def test_one_call_can_be_bid_by_proxy_where_the_default_is_to_ask(cluster: Cluster) -> None:
+    # given nodes and a caller that ask for bids by default
+    assert cluster.settings.bid_mode == "ask"
+    # when one call asks for proxy bids, and another does not
+    proxied_call = shared.apply_async((1,), bidding={"bid_mode": "proxy"})
+    asked_call = shared.delay(2)
+    assert proxied_call.get(timeout=15)["value"] == 1 and asked_call.get(timeout=15)["value"] == 2
+    # then the first was closed by proxy bids and the second by the nodes' answers
+    assert bidding.explain(proxied_call.id, app=cluster.app).closed_by == PROXY_CLOSE
+    assert bidding.explain(asked_call.id, app=cluster.app).closed_by != PROXY_CLOSE

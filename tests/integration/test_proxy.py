@@ -172,14 +172,3 @@ def test_an_award_the_caller_could_not_send_is_sent_by_a_sweeper(
     assert {m.node for m in log if m.kind in ("AWARDED", "SEND_FAILED", "RESENT")} == {
         value["node"]}
 
-
-def test_one_call_can_be_bid_by_proxy_where_the_default_is_to_ask(cluster: Cluster) -> None:
-    # given nodes and a caller that ask for bids by default
-    assert cluster.settings.bid_mode == "ask"
-    # when one call asks for proxy bids, and another does not
-    proxied_call = shared.apply_async((1,), bidding={"bid_mode": "proxy"})
-    asked_call = shared.delay(2)
-    assert proxied_call.get(timeout=15)["value"] == 1 and asked_call.get(timeout=15)["value"] == 2
-    # then the first was closed by proxy bids and the second by the nodes' answers
-    assert bidding.explain(proxied_call.id, app=cluster.app).closed_by == PROXY_CLOSE
-    assert bidding.explain(asked_call.id, app=cluster.app).closed_by != PROXY_CLOSE
