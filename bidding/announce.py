@@ -232,9 +232,11 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
              and get_board(settings, app).writes_on_award)
     if early:
         request_bids(settings, app, rfp, candidates)
+    deferred: bool | str = False
     with write_session(settings.database_url) as session:
         if defer:
-            if not _defer(session, app, settings, rfp, new=new):
+            deferred = _defer(session, rfp, new=new)
+            if not deferred:
                 return False
         elif new:
             _record_new(session, rfp, candidates)
@@ -248,6 +250,9 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
         ):
             return False
     if defer:
+        if isinstance(deferred, str):
+            # After the commit: errbacks may run here, and must not hold the write lock.
+            escalate(app, settings, rfp, deferred)
         return True
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
@@ -286,9 +291,9 @@ def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
     return True
 
 
-def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement, *,
-           new: bool) -> bool:
-    """No live node can do ``rfp``: announce it again later, or escalate after too many tries."""
+def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
+    """No live node can do ``rfp``: announce it again later, or escalate after too many tries
+    (then the reason is returned: the caller escalates once the transaction has committed)."""
     fb = rfp.fallbacks
     now = time.time()
     if rfp.deferrals >= fb.max_deferrals:
@@ -300,8 +305,7 @@ def _defer(session: Session, app: Celery, settings: Settings, rfp: Announcement,
                           from_states=(lifecycle.DEFERRED,), detail={"reason": reason},
                           error=reason, finished_at=now, due_at=None):
             return False
-        escalate(app, settings, rfp, reason)
-        return True
+        return reason
     later = rfp.model_copy(update={"deferrals": rfp.deferrals + 1})
     due = now + fb.defer_seconds
     detail: dict[str, Any] = {

@@ -281,13 +281,16 @@ def award_answers(
 
     result: Award | _Commit = _Commit.STALE
     # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
-    # A slow one (an LLM judge) decides outside it first; the commit re-checks the counts.
-    optimistic = 0 if at_once else RESERVATION_TRIES - 1
+    # A slow one (an LLM judge) always decides outside it; the commit re-checks the counts it
+    # decided on, and on the last try only its winner's (never the judge under the lock).
     for attempt_no in range(1, RESERVATION_TRIES + 1):
-        if attempt_no <= optimistic and not isinstance(answers, AnswersInside):
+        if not at_once and not isinstance(answers, AnswersInside):
             counts = in_flight_counts(settings, bidders)
-            result = _commit_award(settings, rfp, bidders, make_award, answers, write,
-                                   (make_award(answers, counts), counts))
+            decided = make_award(answers, counts)
+            checked = ([decided.winner] if decided.winner else []) \
+                if attempt_no == RESERVATION_TRIES else bidders
+            result = _commit_award(settings, rfp, checked, make_award, answers, write,
+                                   (decided, counts), lock=bidders)
         else:
             result = _commit_award(settings, rfp, bidders, make_award, answers, write, None,
                                    opening)
@@ -408,6 +411,7 @@ def _commit_award(
     write: bool,
     decided: tuple[Award, dict[str, int]] | None,
     opening: Callable[[Session], None] | None = None,
+    lock: Sequence[str] | None = None,
 ) -> Award | _Commit:
     """Write the award if the auction is still open (compare-and-set on its state).
 
@@ -418,14 +422,17 @@ def _commit_award(
     answers (from a board that keeps them outside the store, or proxy bids) are written here,
     scored. SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row
     locks. ``opening`` first writes the announcement (in state BIDDING) in this transaction.
+    ``lock``: the nodes to lock and count, when ``decided`` is checked against fewer
+    (``bidders``) than it was decided on.
     """
     with write_session(settings.database_url) as session:
         if opening is not None:
             opening(session)
         sqlite = is_sqlite(settings.database_url)
-        if bidders and not sqlite:
+        locked = sorted(set(lock if lock is not None else bidders))
+        if locked and not sqlite:
             # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
-            session.execute(select(Node.name).where(Node.name.in_(list(bidders)))
+            session.execute(select(Node.name).where(Node.name.in_(locked))
                             .order_by(Node.name).with_for_update())
         if opening is None:
             # (A row ``opening`` has just written is open, at this attempt.)
@@ -436,7 +443,7 @@ def _commit_award(
                 return _Commit.NOT_YET  # announced, and its row not committed yet
             if current.state != lifecycle.BIDDING or current.attempt != rfp.attempt:
                 return _Commit.LOST  # a duplicate closer: the auction is closed already
-        now_counts = count_in_flight(session, bidders)
+        now_counts = count_in_flight(session, locked)
         if isinstance(answers, AnswersInside):
             answers = answers.make(session, now_counts)
         if decided is None:
@@ -547,7 +554,8 @@ def send_execution(app: Celery, rfp: Announcement, node: str,
     message = amqp.create_task_message(
         rfp.task_id, rfp.task_name, rfp.args, rfp.kwargs, time_limit=hard, soft_time_limit=soft,
         create_sent_event=bool(app.conf.task_send_sent_event), reply_to=app.thread_oid,
-        **message_options(rfp.canvas))
+        # Celery's own count, which self.retry() checks against max_retries.
+        retries=rfp.attempt - 1, **message_options(rfp.canvas))
     queue = exec_queue(node)
     with app.producer_or_acquire() as producer:
         amqp.send_task_message(producer, rfp.task_name, message, queue=queue, routing_key=queue,

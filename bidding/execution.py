@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Final, cast
@@ -86,8 +86,13 @@ class Verdict:
 
 
 def begin(settings: Settings, task_id: str, attempt: int, node: str,
-          price_per_unit: float = 0.0) -> Running:
-    """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run."""
+          price_per_unit: float = 0.0, redelivered: bool = True) -> Running:
+    """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run.
+
+    A message for an attempt its node already runs is run again only if the broker
+    ``redelivered`` it (its worker died with it unacknowledged); a second copy of the message
+    (a resend whose first publish did arrive) is a DUPLICATE, dropped, while the first runs.
+    """
     now = time.time()
     with write_session(settings.database_url) as session:
         # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
@@ -103,7 +108,8 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
             spec = row[0]
         else:
             spec = row[3]
-            if row[0] == lifecycle.EXECUTING and row[1] == attempt and row[2] == node:
+            if (redelivered and row[0] == lifecycle.EXECUTING and row[1] == attempt
+                    and row[2] == node):
                 journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
                                attempt=attempt, at=now, redelivered=True)
                 start = Start.REDELIVERED
@@ -373,15 +379,23 @@ def _notify_cost(settings: Settings, run: Running, budget: float, spent: float) 
            spent=spent, node=run.node, attempt=run.attempt)
 
 
-def retry_requested(settings: Settings, run: Running, delay: float) -> bool:
-    """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds."""
+def retry_requested(settings: Settings, run: Running, delay: float,
+                    args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None) -> bool:
+    """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds,
+    with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise)."""
     if run.rfp is None:
         return False
     now = time.time()
     rfp = run.rfp
-    nxt = rfp.model_copy(update={"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
-                                 "exclude_nodes": retry_exclusions(rfp, run.node),
-                                 "announced_at": now})
+    update: dict[str, Any] = {"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
+                              "exclude_nodes": retry_exclusions(rfp, run.node),
+                              "announced_at": now}
+    if args is not None:
+        update["args"] = list(args)
+    if kwargs is not None:
+        update["kwargs"] = dict(kwargs)
+    nxt = rfp.model_copy(update=update)
     with write_session(settings.database_url) as session:
         return _to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
 

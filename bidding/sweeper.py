@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from celery import Celery
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import CursorResult, and_, bindparam, or_, select, update
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
@@ -75,11 +75,34 @@ _LOST = (
                     AnnouncementRow.due_at <= bindparam("now"))))
     .limit(bindparam("limit"))
 )
-_LAST_KIND = (
+#: What says whether an ASSIGNED attempt's message was sent: the last of these in its log
+#: (a refused transition or a late bid logs other kinds in between).
+_DELIVERY_KINDS = (journal.AWARDED, journal.REAWARDED, journal.SEND_FAILED, journal.RESENT)
+_LAST_DELIVERY = (
     select(Message.kind)
-    .where(Message.task_id == bindparam("task_id"), Message.attempt == bindparam("attempt"))
+    .where(Message.task_id == bindparam("task_id"), Message.attempt == bindparam("attempt"),
+           Message.kind.in_(_DELIVERY_KINDS))
     .order_by(Message.id.desc())
     .limit(1)
+)
+#: A resender's lease on an undelivered task: it is not due again while the send is under way.
+_LEASE = (
+    update(AnnouncementRow)
+    .where(AnnouncementRow.task_id == bindparam("b_task"),
+           AnnouncementRow.state == lifecycle.ASSIGNED,
+           AnnouncementRow.attempt == bindparam("b_attempt"),
+           AnnouncementRow.assigned_node == bindparam("b_node"),
+           AnnouncementRow.due_at <= bindparam("b_now"))
+    .values(due_at=bindparam("b_lease"))
+)
+_RELEASE = (
+    update(AnnouncementRow)
+    .where(AnnouncementRow.task_id == bindparam("b_task"),
+           AnnouncementRow.state == lifecycle.ASSIGNED,
+           AnnouncementRow.attempt == bindparam("b_attempt"),
+           AnnouncementRow.assigned_node == bindparam("b_node"),
+           AnnouncementRow.due_at == bindparam("b_lease"))
+    .values(due_at=bindparam("b_due"))
 )
 
 
@@ -98,7 +121,8 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         # A live winner's task that is due while ASSIGNED: late to start, or never sent?
         undelivered = {task_id for task_id, attempt, node, state, _ in rows
                        if node in alive and state == lifecycle.ASSIGNED
-                       and session.scalar(_LAST_KIND, {"task_id": task_id, "attempt": attempt})
+                       and session.scalar(_LAST_DELIVERY, {"task_id": task_id,
+                                                           "attempt": attempt})
                        == journal.SEND_FAILED}
     if not rows:
         return 0, len(alive)
@@ -128,21 +152,35 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
            now: float) -> bool:
     """Send again the execution that never reached ``node`` (``award.mark_undelivered``), to
     the same winner: the node did nothing wrong, so it keeps the task and no failure counts
-    against it. The schedule-to-start clock starts again now. A send that fails again is
-    marked undelivered again, due in ``RESEND_BACKOFF`` seconds."""
+    against it.
+
+    The sweeper first takes a lease (the task is due again in ``RESEND_BACKOFF`` seconds), so no
+    other sweeper sends it meanwhile, then sends outside any transaction, then logs RESENT and
+    starts the schedule-to-start clock (RESENT is what tells a late start from an undelivered
+    task). A send that fails is logged SEND_FAILED again, due after
+    the backoff. A sweeper that dies after sending and before logging leaves SEND_FAILED last:
+    the task is sent again when the lease runs out, and the node runs only one copy
+    (``execution.begin``)."""
+    lease = now + RESEND_BACKOFF
     with write_session(settings.database_url) as session:
-        if not transition(session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.RESENT,
-                          from_states=(lifecycle.ASSIGNED,), expect_attempt=attempt,
-                          expect_node=node, due_by=now, message_node=node, at=now,
-                          detail={"queue": exec_queue(node)},
-                          due_at=start_by(settings, rfp, now)):
-            return False
-    # Sent after the commit: the write lock is not held while the broker may be retried.
+        taken = cast(CursorResult[Any], session.execute(_LEASE, {
+            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_now": now,
+            "b_lease": lease}))
+        if taken.rowcount != 1:
+            return False  # another sweeper has it, or it moved on
     try:
         send_execution(app, rfp, node, settings)
     except Exception as exc:
         mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF)
         return False
+    sent = time.time()
+    with write_session(settings.database_url) as session:
+        # Logged after the send (the node may have started it already); the schedule-to-start
+        # clock starts now, unless the node took the task or another sweeper took the lease.
+        journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
+                       at=sent, queue=exec_queue(node))
+        session.execute(_RELEASE, {"b_task": rfp.task_id, "b_attempt": attempt, "b_node": node,
+                                   "b_lease": lease, "b_due": start_by(settings, rfp, sent)})
     logger.info("task %s: sent again to %s (its first send failed)", rfp.task_id,
                 exec_queue(node))
     return True
@@ -156,6 +194,8 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
     policy = rfp.fallbacks.on_agent_offline
     exclude = [*rfp.exclude_nodes, node] if node not in rfp.exclude_nodes else rfp.exclude_nodes
     moved_to: str | None = None
+    conditions: dict[str, Any] = {"from_states": (state,), "expect_attempt": attempt,
+                                  "expect_node": node, "due_by": due_by, "at": now}
     with write_session(settings.database_url) as session:
         if policy == "next_best":
             moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
@@ -163,11 +203,9 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
             nxt = rfp.model_copy(update={"exclude_nodes": exclude})
             ok = transition(
                 session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
-                from_states=(state,), expect_attempt=attempt, expect_node=node,
-                due_by=due_by, message_node=moved_to, at=now,
-                detail={"from": node, "to": moved_to, "reason": reason},
+                message_node=moved_to, detail={"from": node, "to": moved_to, "reason": reason},
                 assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
-                started_at=None, due_at=start_by(settings, nxt, now),
+                started_at=None, due_at=start_by(settings, nxt, now), **conditions,
             )
             if ok:
                 _lost_episode(session, rfp, attempt, node, reason, now)
@@ -175,26 +213,24 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
             return ok
         if policy == "fail":
             ok = transition(session, rfp.task_id, lifecycle.FAILED, kind=journal.TASK_FAILED,
-                            from_states=(state,), expect_attempt=attempt, expect_node=node,
-                            due_by=due_by, at=now, detail={"error": reason}, error=reason,
-                            finished_at=now, due_at=None)
-            if ok:
-                _lost_episode(session, rfp, attempt, node, reason, now)
-                fail_caller(app, rfp, NodeLostError(reason))
-            return ok
-        nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
-                                     "announced_at": now})
-        ok = transition(
-            session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
-            from_states=(state,), expect_attempt=attempt, expect_node=node, due_by=due_by,
-            at=now, detail={"why": reason + "; no other bidder left, new auction",
-                            "next_attempt": attempt + 1, "delay_s": 0},
-            attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
-            assigned_node=None,
-        )
+                            detail={"error": reason}, error=reason, finished_at=now,
+                            due_at=None, **conditions)
+        else:
+            nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
+                                         "announced_at": now})
+            ok = transition(
+                session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
+                detail={"why": reason + "; no other bidder left, new auction",
+                        "next_attempt": attempt + 1, "delay_s": 0},
+                attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
+                assigned_node=None, **conditions,
+            )
         if ok:
             _lost_episode(session, rfp, attempt, node, reason, now)
-        return ok
+    if ok and policy == "fail":
+        # After the commit: errbacks may run here, and must not hold the write lock.
+        fail_caller(app, rfp, NodeLostError(reason))
+    return ok
 
 
 def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],

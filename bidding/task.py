@@ -18,6 +18,7 @@ retry policy allows: a new auction after the backoff, by default without the nod
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Mapping
@@ -34,7 +35,7 @@ from bidding.announce import announce, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
 from bidding.board import history_changed
 from bidding.canvas import canvas_of
-from bidding.errors import DeadlinePassedError
+from bidding.errors import ConfigurationError, DeadlinePassedError
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
 from bidding.settings import get_settings
@@ -93,7 +94,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         delay = _delay(options)
         running: execution.Running | None = getattr(self.request, _RUNNING, None)
         if running is not None and task_id == running.task_id:
-            execution.retry_requested(settings, running, delay)
+            _check_json(self.name, args, kwargs)
+            execution.retry_requested(settings, running, delay, args, kwargs)
             return AsyncResult(task_id, app=self.app)
         defaults = dict(self.bidding or {})
         check_options(defaults, f"{self.name} bidding defaults")
@@ -116,7 +118,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         profile = current_profile(settings)
         run = execution.begin(settings, request.id, int(attempt),
                               str(_header(request, NODE_HEADER)),
-                              profile.price_per_unit if profile is not None else 0.0)
+                              profile.price_per_unit if profile is not None else 0.0,
+                              redelivered=bool((request.delivery_info or {}).get("redelivered")))
         if run.start is execution.Start.DUPLICATE:
             raise Ignore()
         if run.start is execution.Start.UNKNOWN:
@@ -184,6 +187,15 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
         if run is not None:
             run.units = float(units)
+
+
+def _check_json(name: str, args: Any, kwargs: Any) -> None:
+    """Refuse arguments JSON cannot carry, naming the task (``self.retry(args=...)``)."""
+    try:
+        json.dumps([list(args or ()), dict(kwargs or {})])
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(f"args/kwargs of {name}: not JSON serializable ({exc}); "
+                                 "celery-bidding sends JSON only") from None
 
 
 def _delay(options: Mapping[str, Any]) -> float:

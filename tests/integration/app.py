@@ -167,3 +167,13 @@ def remember(self: Any, task_id: str, key: str) -> str:
     """An errback (``link_error``): keeps the id of the task that failed, under ``key``."""
     counters().rpush(key, task_id)
     return task_id
+
+
+@app.task(base=bidding.BiddingTask, bind=True, task_type="countdown", required_skills=["shared"],
+          max_retries=2)
+def countdown(self: Any, key: str, n: int) -> list[int]:
+    """Retries itself with ``n - 1`` (``self.retry(args=...)``) until ``n`` is 0."""
+    counters().rpush(f"args:{key}", n)
+    if n > 0:
+        raise self.retry(args=(key, n - 1), countdown=0.1)
+    return [int(v) for v in counters().lrange(f"args:{key}", 0, -1)]

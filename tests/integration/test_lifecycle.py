@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+from celery.exceptions import MaxRetriesExceededError
 from kombu import Connection
 from sqlalchemy import select
 
@@ -28,6 +29,7 @@ from bidding.registry import heartbeat, invalidate_cache
 from bidding.store import read_session
 from bidding.store.schema import Announcement, Episode, LedgerEntry, Message, Node
 from tests.integration.app import (
+    countdown,
     flaky,
     ghostly,
     late,
@@ -202,6 +204,18 @@ def test_self_retry_is_a_new_auction_on_another_node(nodes: Cluster) -> None:
     assert value["attempts"] == 3
     tried = [n.decode() for n in nodes.counters.lrange(f"nodes:{key}", 0, -1)]
     assert len(set(tried)) == 3, tried
+
+
+def test_self_retry_passes_its_new_arguments_and_stops_at_max_retries(nodes: Cluster) -> None:
+    # given a task that retries itself with new arguments, max_retries=2 (as in plain Celery)
+    key = f"countdown-{time.time()}"
+    # when it needs two retries, then each attempt got the arguments its retry gave
+    assert countdown.delay(key, 2).get(timeout=30) == [2, 1, 0]
+    # and when it would need five, then the third attempt's retry is refused, as Celery does
+    key = f"countdown-{time.time()}"
+    with pytest.raises(MaxRetriesExceededError):
+        countdown.delay(key, 5).get(timeout=30)
+    assert [int(v) for v in nodes.counters.lrange(f"args:{key}", 0, -1)] == [5, 4, 3]
 
 
 def test_a_winner_that_never_starts_the_task_is_replaced_by_the_next_best_bidder(

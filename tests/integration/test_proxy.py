@@ -163,10 +163,10 @@ def test_an_award_the_caller_could_not_send_is_sent_by_a_sweeper(
     assert proxied.executions(result.id) == 1
     # and the log says why: the failed send, then the resend to the same winner
     log = messages(proxied, result.id)
-    # (another node's sweeper that saw the task due may log its refused attempt to move it)
-    kinds = [m.kind for m in log if m.kind != "ILLEGAL_TRANSITION"]
-    assert kinds[kinds.index("AWARDED"):kinds.index("TASK_ACCEPTED")] == [
-        "AWARDED", "SEND_FAILED", "RESENT"]
+    # (RESENT is logged once the send went out, so the node may have started it just before)
+    kinds = [m.kind for m in log]
+    assert kinds.index("AWARDED") < kinds.index("SEND_FAILED") < kinds.index("TASK_ACCEPTED")
+    assert kinds.count("RESENT") == 1 and "REAWARDED" not in kinds
     failed = next(m for m in log if m.kind == "SEND_FAILED")
     assert failed.detail["error"] == "ConnectionError: broker down"
     assert {m.node for m in log if m.kind in ("AWARDED", "SEND_FAILED", "RESENT")} == {

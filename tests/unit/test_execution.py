@@ -110,6 +110,18 @@ def test_begin_again_on_the_same_node_is_a_redelivery(settings: Settings) -> Non
     ]
 
 
+def test_a_second_copy_of_a_running_attempts_message_is_a_duplicate(settings: Settings) -> None:
+    # given an attempt running on its node
+    rfp = assigned(settings)
+    execution.begin(settings, rfp.task_id, 1, NODE)
+    # when a second copy of its message arrives, not redelivered by the broker (a resend whose
+    # first publish did arrive)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, redelivered=False)
+    # then it must not run: the first copy is running
+    assert run.start is execution.Start.DUPLICATE
+    assert journal.TASK_ACCEPTED not in [m[0] for m in log(settings, rfp.task_id)[1:]]
+
+
 @pytest.mark.parametrize(("attempt", "node"), [(1, "n2"), (2, NODE)])
 def test_begin_elsewhere_or_for_another_attempt_is_a_duplicate(settings: Settings, attempt: int,
                                                                node: str) -> None:

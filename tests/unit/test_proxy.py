@@ -3,8 +3,11 @@ the candidates must be the bids their own workers would make (a SQLite store, no
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import pytest
 
+from bidding import award as award_module
 from bidding import lifecycle
 from bidding.award import award_answers, count_in_flight
 from bidding.bid import (
@@ -162,3 +165,45 @@ def test_answers_made_inside_the_award_need_a_strategy_that_decides_at_once(
     # and without a judge the same strategy decides at once
     assert decides_at_once(AgentJudgment()) and not decides_at_once(
         resolve_strategy("slow_judge"))
+
+
+def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving(
+        store_url, monkeypatch):
+    # given an open auction with two bids, and a judge that picks redfin
+    populate(store_url)
+    settings = store_settings(store_url)
+    rfp = make_rfp(task_type="extraction", required_skills=["pdf"], strategy="slow_judge")
+    with write_session(store_url) as session:
+        session.add(announcement(rfp.task_id, lifecycle.BIDDING, None))
+    answers = proxy_answers(settings, rfp, [live("redfin", ("pdf",)), live("bluefin", ("pdf",))],
+                            now=NOW)
+    inside_lock = [False]
+    judged_inside: list[bool] = []
+
+    def judge(bids, rfp, caps):
+        judged_inside.append(inside_lock[0])
+        return {"selected_agent_id": "redfin", "reasoning": "the judge's pick"}
+
+    monkeypatch.setitem(STRATEGIES, "slow_judge", lambda: AgentJudgment(judge=judge))
+    real_write_session = award_module.write_session
+
+    @contextmanager
+    def watched(url):
+        with real_write_session(url) as session:
+            inside_lock[0] = True
+            try:
+                yield session
+            finally:
+                inside_lock[0] = False
+
+    monkeypatch.setattr(award_module, "write_session", watched)
+    # and in-flight counts that move between every decision and its commit, but for redfin
+    seen = iter(range(1, 10))
+    monkeypatch.setattr(award_module, "in_flight_counts",
+                        lambda settings, nodes: {"redfin": 2, "bluefin": 1 + next(seen)})
+    # when the auction is awarded
+    won = award_answers(settings, rfp, answers, closed_by="all bids in", candidates=2,
+                        write=True)
+    # then the judge decided three times, never inside the write transaction, and its pick won
+    assert judged_inside == [False, False, False]
+    assert won is not None and won.winner == "redfin"

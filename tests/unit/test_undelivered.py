@@ -75,7 +75,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     # then the resend failed too and is put off, and the node still has the task
     assert moved == 0
     kinds = [m[0] for m in log(settings, rfp.task_id)]
-    assert kinds[-3:] == [journal.SEND_FAILED, journal.RESENT, journal.SEND_FAILED]
+    assert kinds[-2:] == [journal.SEND_FAILED, journal.SEND_FAILED]
     again = row(settings, rfp.task_id)
     assert again.state == lifecycle.ASSIGNED and again.assigned_node == NODE
     assert again.due_at is not None and again.due_at > time.time() + 1
@@ -123,3 +123,28 @@ def test_a_winner_late_to_start_is_still_replaced_not_resent(
     retrying = next(m for m in messages if m[0] == journal.RETRYING)
     assert retrying[3]["why"].startswith(f"node {NODE} did not start the task in time")
     assert row(settings, rfp.task_id).state == lifecycle.RETRYING
+
+
+def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
+    settings: Settings, broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given an undelivered task, and a sweeper that dies right after its send went out
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
+    app = Celery("t", broker="memory://", set_as_current=False)
+    rfp = assigned(settings)
+    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    broker.up = True
+
+    def dies(*_: Any, **__: Any) -> None:
+        raise SystemExit("sweeper killed")
+
+    with monkeypatch.context() as patch, pytest.raises(SystemExit):
+        patch.setattr(sweeper.journal, "record", dies)
+        sweeper.check_winners(settings, app, now=time.time())
+    assert len(broker.sent) == 1
+    # when other sweeps run before and after its lease runs out
+    assert sweeper.check_winners(settings, app, now=time.time())[0] == 0
+    moved, _ = sweeper.check_winners(settings, app, now=time.time() + sweeper.RESEND_BACKOFF)
+    # then it is sent again, to the same node (which runs one copy: execution.begin)
+    assert moved == 1 and broker.sent == [(rfp.task_id, NODE)] * 2
+    assert row(settings, rfp.task_id).assigned_node == NODE
