@@ -19,7 +19,7 @@ import time
 from typing import Any, cast
 
 from celery import Celery
-from sqlalchemy import CursorResult, and_, bindparam, or_, select, update
+from sqlalchemy import ColumnElement, CursorResult, Update, and_, bindparam, or_, select, update
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
@@ -85,25 +85,23 @@ _LAST_DELIVERY = (
     .order_by(Message.id.desc())
     .limit(1)
 )
+
+
+def _still_assigned(due: ColumnElement[bool]) -> Update:
+    """An UPDATE of one task while it is ASSIGNED at an attempt to a node, and ``due`` holds."""
+    return update(AnnouncementRow).where(
+        AnnouncementRow.task_id == bindparam("b_task"),
+        AnnouncementRow.state == lifecycle.ASSIGNED,
+        AnnouncementRow.attempt == bindparam("b_attempt"),
+        AnnouncementRow.assigned_node == bindparam("b_node"), due)
+
+
 #: A resender's lease on an undelivered task: it is not due again while the send is under way.
-_LEASE = (
-    update(AnnouncementRow)
-    .where(AnnouncementRow.task_id == bindparam("b_task"),
-           AnnouncementRow.state == lifecycle.ASSIGNED,
-           AnnouncementRow.attempt == bindparam("b_attempt"),
-           AnnouncementRow.assigned_node == bindparam("b_node"),
-           AnnouncementRow.due_at <= bindparam("b_now"))
-    .values(due_at=bindparam("b_lease"))
-)
-_RELEASE = (
-    update(AnnouncementRow)
-    .where(AnnouncementRow.task_id == bindparam("b_task"),
-           AnnouncementRow.state == lifecycle.ASSIGNED,
-           AnnouncementRow.attempt == bindparam("b_attempt"),
-           AnnouncementRow.assigned_node == bindparam("b_node"),
-           AnnouncementRow.due_at == bindparam("b_lease"))
-    .values(due_at=bindparam("b_due"))
-)
+_LEASE = _still_assigned(AnnouncementRow.due_at <= bindparam("b_now")).values(
+    due_at=bindparam("b_lease"))
+#: After the send: the schedule-to-start clock, unless the node or another sweeper moved on.
+_RELEASE = _still_assigned(AnnouncementRow.due_at == bindparam("b_lease")).values(
+    due_at=bindparam("b_due"))
 
 
 def check_winners(settings: Settings, app: Celery, now: float | None = None,
