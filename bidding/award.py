@@ -486,7 +486,7 @@ def _commit_award(
             assigned_node=award.winner, awarded_at=award.awarded_at,
             winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
             error=award.error, finished_at=None if award.winner else award.awarded_at,
-            due_at=start_by(settings, rfp, award.awarded_at) if award.winner else None,
+            due_at=delivery_due(settings, rfp, award.awarded_at) if award.winner else None,
             **counted,
         ):
             return _Commit.LOST
@@ -524,6 +524,18 @@ def scored_values(answer: Bid | Refusal, by_node: dict[str, Score],
     """The bids-table row of ``answer``, scored (for a board that keeps answers outside)."""
     return {**bid_values(answer),
             **score_columns(answer.node, isinstance(answer, Bid), by_node, winner)}
+
+
+def delivery_due(settings: Settings, rfp: Announcement, at: float,
+                 waited: float = 0.0) -> float | None:
+    """When a sweeper next looks at a task awarded (or sent) at ``at`` and not started: its
+    schedule-to-start deadline, or without one a delivery check ``bidding_delivery_check_seconds``
+    later, or as long as it has ``waited`` already (so the checks of a task that waits in a
+    long queue thin out)."""
+    deadline = start_by(settings, rfp, at)
+    if deadline is not None or settings.delivery_check_seconds <= 0:
+        return deadline
+    return at + max(settings.delivery_check_seconds, waited)
 
 
 def start_by(settings: Settings, rfp: Announcement, awarded_at: float) -> float | None:

@@ -73,6 +73,10 @@ class Settings(BaseModel):
     #: (0 = only when the winner's node stops heartbeating). Per task:
     #: ``bidding={"schedule_to_start_timeout": ...}``.
     schedule_to_start_timeout: float = Field(0.0, ge=0)
+    #: Without a schedule-to-start timeout: seconds after which an awarded task its live winner
+    #: has not started is sent to it again, in case its message was lost (the process that
+    #: awarded it died before sending); the wait doubles each time. 0 = never.
+    delivery_check_seconds: float = Field(60.0, ge=0)
     #: Seconds between a node's hard and soft time limit (timeout_seconds is the soft one).
     hard_timeout_grace: float = Field(5.0, ge=0)
     #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.

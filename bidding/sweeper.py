@@ -5,7 +5,8 @@
 3. watches winners: a task whose node stopped heartbeating, or that was not started within its
    schedule-to-start timeout, goes to the next-best bidder of the same auction (AITP 6.2
    SELECT_NEXT_BEST), to a new auction, or fails, as its fallbacks say; a task whose execution
-   message could not be sent (SEND_FAILED) is sent again to the same winner.
+   message could not be sent (SEND_FAILED), or, without a schedule-to-start timeout, that its
+   live winner has not started by its delivery check, is sent again to the same winner.
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -23,7 +24,13 @@ from sqlalchemy import ColumnElement, CursorResult, Update, and_, bindparam, or_
 
 from bidding import journal, lifecycle
 from bidding.announce import announce_due
-from bidding.award import close_expired, mark_undelivered, send_execution, start_by
+from bidding.award import (
+    close_expired,
+    delivery_due,
+    mark_undelivered,
+    send_execution,
+    start_by,
+)
 from bidding.board import history_changed
 from bidding.canvas import fail_caller
 from bidding.config import Settings
@@ -68,7 +75,7 @@ def sweep_interval(settings: Settings, alive: int) -> float:
 _ALIVE = select(Node.name).where(Node.last_heartbeat >= bindparam("cutoff"))
 _LOST = (
     select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
-           AnnouncementRow.state, AnnouncementRow.spec)
+           AnnouncementRow.state, AnnouncementRow.spec, AnnouncementRow.awarded_at)
     .where(AnnouncementRow.state.in_(sorted(lifecycle.IN_FLIGHT_STATES)),
            or_(AnnouncementRow.assigned_node.not_in(bindparam("alive", expanding=True)),
                and_(AnnouncementRow.state == lifecycle.ASSIGNED,
@@ -116,8 +123,9 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         alive = set(session.scalars(_ALIVE, {"cutoff": cutoff}))
         rows = session.execute(
             _LOST, {"alive": sorted(alive), "now": now, "limit": limit}).all()
-        # A live winner's task that is due while ASSIGNED: late to start, or never sent?
-        undelivered = {task_id for task_id, attempt, node, state, _ in rows
+        # A live winner's task that is due while ASSIGNED: its send failed, or it is late to
+        # start (or, without a schedule-to-start timeout, its delivery is checked).
+        send_failed = {task_id for task_id, attempt, node, state, *_ in rows
                        if node in alive and state == lifecycle.ASSIGNED
                        and session.scalar(_LAST_DELIVERY, {"task_id": task_id,
                                                            "attempt": attempt})
@@ -126,13 +134,20 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         return 0, len(alive)
     live = {n.name for n in query_live_nodes(settings, now)}
     moved = 0
-    for task_id, attempt, node, state, spec in rows:
+    for task_id, attempt, node, state, spec, awarded_at in rows:
         rfp = Announcement.model_validate(spec)
-        if task_id in undelivered:
-            if resend(settings, app, rfp, attempt, node, now):
+        dead = node not in alive
+        if not dead and state == lifecycle.ASSIGNED and (
+                task_id in send_failed or start_by(settings, rfp, now) is None):
+            # The node is not to blame: send it again. Without a start deadline the task was
+            # due for a delivery check: its message may have been lost (the process that
+            # awarded it died before sending); a second copy is dropped by the node.
+            why = ("its send failed" if task_id in send_failed else
+                   f"not started {now - (awarded_at or now):.0f}s after its award; "
+                   "sent again in case its message was lost")
+            if resend(settings, app, rfp, attempt, node, now, why, awarded_at or now):
                 moved += 1
             continue
-        dead = node not in alive
         reason = (f"node {node} stopped heartbeating" if dead
                   else f"node {node} did not start the task in time")
         if replace_winner(settings, app, rfp, attempt, node, state, live, reason, now,
@@ -147,17 +162,17 @@ RESEND_BACKOFF = 5.0
 
 
 def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
-           now: float) -> bool:
-    """Send again the execution that never reached ``node`` (``award.mark_undelivered``), to
-    the same winner: the node did nothing wrong, so it keeps the task and no failure counts
-    against it.
+           now: float, why: str = "its send failed", awarded_at: float | None = None) -> bool:
+    """Send again to the same winner an execution that may not have reached ``node``: its
+    send failed (``award.mark_undelivered``), or it was not started by its delivery check.
+    The node did nothing wrong, so it keeps the task and no failure counts against it.
 
     The sweeper first takes a lease (the task is due again in ``RESEND_BACKOFF`` seconds), so no
     other sweeper sends it meanwhile, then sends outside any transaction, then logs RESENT and
-    starts the schedule-to-start clock (RESENT is what tells a late start from an undelivered
-    task). A send that fails is logged SEND_FAILED again, due after
-    the backoff. A sweeper that dies after sending and before logging leaves SEND_FAILED last:
-    the task is sent again when the lease runs out, and the node runs only one copy
+    sets the next look (``award.delivery_due``: a schedule-to-start deadline, or a delivery
+    check that waits as long as the task has). A send that fails is logged SEND_FAILED, due
+    after the backoff. A sweeper that dies after sending and before logging leaves the task
+    due when the lease runs out, and it is sent again; a node holding two copies runs one
     (``execution.begin``)."""
     lease = now + RESEND_BACKOFF
     with write_session(settings.database_url) as session:
@@ -176,11 +191,12 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
         # Logged after the send (the node may have started it already); the schedule-to-start
         # clock starts now, unless the node took the task or another sweeper took the lease.
         journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
-                       at=sent, queue=exec_queue(node))
+                       at=sent, queue=exec_queue(node), why=why)
+        waited = sent - (awarded_at if awarded_at is not None else sent)
         session.execute(_RELEASE, {"b_task": rfp.task_id, "b_attempt": attempt, "b_node": node,
-                                   "b_lease": lease, "b_due": start_by(settings, rfp, sent)})
-    logger.info("task %s: sent again to %s (its first send failed)", rfp.task_id,
-                exec_queue(node))
+                                   "b_lease": lease,
+                                   "b_due": delivery_due(settings, rfp, sent, waited)})
+    logger.info("task %s: sent again to %s (%s)", rfp.task_id, exec_queue(node), why)
     return True
 
 
@@ -203,7 +219,7 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
                 session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
                 message_node=moved_to, detail={"from": node, "to": moved_to, "reason": reason},
                 assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
-                started_at=None, due_at=start_by(settings, nxt, now), **conditions,
+                started_at=None, due_at=delivery_due(settings, nxt, now), **conditions,
             )
             if ok:
                 _lost_episode(session, rfp, attempt, node, reason, now)

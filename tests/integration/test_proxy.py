@@ -13,6 +13,7 @@ from sqlalchemy import select
 import bidding
 from bidding import award, scoring
 from bidding.proxy import PROXY_CLOSE
+from bidding.settings import reset_settings
 from bidding.store import read_session
 from bidding.store.schema import Message
 from tests.integration.app import flaky, ghostly, gpu, shared
@@ -172,3 +173,27 @@ def test_an_award_the_caller_could_not_send_is_sent_by_a_sweeper(
     assert {m.node for m in log if m.kind in ("AWARDED", "SEND_FAILED", "RESENT")} == {
         value["node"]}
 
+
+
+def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
+    proxied: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a caller that dies, as far as this task goes, between committing its award and
+    # sending it (the message is never sent), with a delivery check after 1 s
+    monkeypatch.setenv("BIDDING_DELIVERY_CHECK_SECONDS", "1")
+    reset_settings(proxied.app)
+    monkeypatch.setattr(award, "send_execution", lambda *_, **__: None)
+    try:
+        result = shared.delay(12)
+    finally:
+        monkeypatch.undo()
+        reset_settings(proxied.app)
+    # when the caller waits, then a node's sweeper sends it to its winner and it runs once
+    value = result.get(timeout=15)
+    assert value == {"node": value["node"], "value": 12}
+    assert proxied.executions(result.id) == 1
+    # and the log says why, and the task stayed with the node it was awarded to
+    log = messages(proxied, result.id)
+    resent = next(m for m in log if m.kind == "RESENT")
+    assert "sent again in case its message was lost" in resent.detail["why"]
+    assert {m.node for m in log if m.kind in ("AWARDED", "RESENT")} == {value["node"]}

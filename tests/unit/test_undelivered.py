@@ -83,11 +83,13 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     # when the broker is back and the put-off time has come
     broker.up = True
     moved, _ = sweeper.check_winners(settings, app, now=time.time() + sweeper.RESEND_BACKOFF)
-    # then the task is sent to the same winner, ASSIGNED to it with no start deadline
+    # then the task is sent to the same winner, ASSIGNED to it, its delivery checked in a minute
     assert moved == 1 and broker.sent == [(rfp.task_id, NODE)]
     final = row(settings, rfp.task_id)
-    assert (final.state, final.assigned_node, final.due_at) == (lifecycle.ASSIGNED, NODE, None)
-    assert log(settings, rfp.task_id)[-1][:2] == (journal.RESENT, NODE)
+    assert (final.state, final.assigned_node) == (lifecycle.ASSIGNED, NODE)
+    assert final.due_at is not None and final.due_at >= time.time() + 55
+    kind, node, _, detail = log(settings, rfp.task_id)[-1]
+    assert (kind, node, detail["why"]) == (journal.RESENT, NODE, "its send failed")
     # and no failed attempt counts against the node
     with read_session(settings.database_url) as session:
         assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
@@ -110,7 +112,7 @@ def test_a_winner_late_to_start_is_still_replaced_not_resent(
 ) -> None:
     # given a task sent to a live winner, which has not started it by its start deadline
     app = Celery("t", broker="memory://", set_as_current=False)
-    rfp = assigned(settings)  # due to start within 30 s
+    rfp = assigned(settings, schedule_to_start_timeout=30)  # due to start within 30 s
     later = time.time() + 31
     heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=later)
     broker.up = True
@@ -148,3 +150,34 @@ def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
     # then it is sent again, to the same node (which runs one copy: execution.begin)
     assert moved == 1 and broker.sent == [(rfp.task_id, NODE)] * 2
     assert row(settings, rfp.task_id).assigned_node == NODE
+
+
+def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
+    settings: Settings, broker: Broker,
+) -> None:
+    # given a task awarded to a live node, with no schedule-to-start timeout, whose message
+    # never went out (the process that awarded it died before sending)
+    app = Celery("t", broker="memory://", set_as_current=False)
+    rfp = assigned(settings)
+    won = award.delivery_due(settings, rfp, rfp.announced_at)
+    assert won == rfp.announced_at + settings.delivery_check_seconds
+    broker.up = True
+    later = rfp.announced_at + settings.delivery_check_seconds + 1
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=later)
+    # when a sweep runs after its delivery check is due
+    moved, _ = sweeper.check_winners(settings, app, now=later)
+    # then it is sent again to the same node, saying why, and not blamed on the node
+    assert moved == 1 and broker.sent == [(rfp.task_id, NODE)]
+    kind, node, _, detail = log(settings, rfp.task_id)[-1]
+    assert (kind, node) == (journal.RESENT, NODE)
+    assert "sent again in case its message was lost" in detail["why"]
+    found = row(settings, rfp.task_id)
+    assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, NODE)
+    # and its delivery is checked again later: after a minute, or as long as it has waited
+    assert found.due_at is not None and found.due_at >= time.time() + 59
+    assert award.delivery_due(settings, rfp, 1000.0, waited=300.0) == 1300.0
+    # (with a schedule-to-start timeout, that deadline is the next look instead)
+    timed = rfp.model_copy(update={"schedule_to_start_timeout": 5.0})
+    assert award.delivery_due(settings, timed, 1000.0, waited=300.0) == 1005.0
+    with read_session(settings.database_url) as session:
+        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
