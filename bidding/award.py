@@ -326,11 +326,13 @@ def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award
 
 
 def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: BaseException,
-                     now: float | None = None, retry_in: float = 0.0) -> bool:
+                     now: float | None = None, retry_in: float = 0.0,
+                     lease: float | None = None) -> bool:
     """Log that ``rfp``'s execution never reached ``node`` (SEND_FAILED) and make the task due
-    in ``retry_in`` seconds, so that a sweep then sends it again (``sweeper.resend``). False
-    when the task moved on meanwhile or the store could not be written either (then the error
-    is logged and the schedule-to-start watchdog, if set, is what re-places it)."""
+    in ``retry_in`` seconds, so that a sweep then sends it again (``sweeper.resend``). With a
+    resender's ``lease``, only while it still holds it. False when the task moved on meanwhile
+    or the store could not be written either (then the error is logged; the task's delivery
+    check or schedule-to-start deadline, set with its award, still comes)."""
     now = time.time() if now is None else now
     error = f"{type(exc).__name__}: {exc}"
     logger.error("task %s: sending it to %s failed (%s); a sweeper will send it again",
@@ -339,7 +341,8 @@ def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: Base
         with write_session(settings.database_url) as session:
             return transition(session, rfp.task_id, lifecycle.ASSIGNED,
                               kind=journal.SEND_FAILED, from_states=(lifecycle.ASSIGNED,),
-                              expect_attempt=rfp.attempt, expect_node=node, message_node=node,
+                              expect_attempt=rfp.attempt, expect_node=node, due_by=lease,
+                              message_node=node,
                               at=now, detail={"error": error, "queue": exec_queue(node),
                                               "retry_in_s": retry_in},
                               due_at=now + retry_in)

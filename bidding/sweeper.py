@@ -103,6 +103,7 @@ def _still_assigned(due: ColumnElement[bool]) -> Update:
         AnnouncementRow.assigned_node == bindparam("b_node"), due)
 
 
+_STATE = select(AnnouncementRow.state).where(AnnouncementRow.task_id == bindparam("task_id"))
 #: A resender's lease on an undelivered task: it is not due again while the send is under way.
 _LEASE = _still_assigned(AnnouncementRow.due_at <= bindparam("b_now")).values(
     due_at=bindparam("b_lease"))
@@ -184,18 +185,21 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
     try:
         send_execution(app, rfp, node, settings)
     except Exception as exc:
-        mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF)
+        mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
         return False
     sent = time.time()
     with write_session(settings.database_url) as session:
         # Logged after the send (the node may have started it already); the schedule-to-start
         # clock starts now, unless the node took the task or another sweeper took the lease.
-        journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
-                       at=sent, queue=exec_queue(node), why=why)
         waited = sent - (awarded_at if awarded_at is not None else sent)
-        session.execute(_RELEASE, {"b_task": rfp.task_id, "b_attempt": attempt, "b_node": node,
-                                   "b_lease": lease,
-                                   "b_due": delivery_due(settings, rfp, sent, waited)})
+        released = cast(CursorResult[Any], session.execute(_RELEASE, {
+            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_lease": lease,
+            "b_due": delivery_due(settings, rfp, sent, waited)})).rowcount == 1
+        # Not if another sweeper took the task over meanwhile (this send outlasted the lease):
+        # RESENT after its SEND_FAILED would make the task look delivered.
+        if released or session.scalar(_STATE, {"task_id": rfp.task_id}) != lifecycle.ASSIGNED:
+            journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
+                           at=sent, queue=exec_queue(node), why=why)
     logger.info("task %s: sent again to %s (%s)", rfp.task_id, exec_queue(node), why)
     return True
 

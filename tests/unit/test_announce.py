@@ -412,3 +412,13 @@ def test_content_without_arguments():
     # given no args and no kwargs
     # then the content is the JSON of an empty call
     assert build().content == "[[], {}]"
+
+
+def test_the_announcers_schedule_to_start_timeout_is_kept_with_the_task():
+    # given an announcer whose default gives winners 30 s to start
+    rfp = build(conf=settings(schedule_to_start_timeout=30.0))
+    # then the task carries it, so the sweepers that watch it go by the same limit
+    assert rfp.schedule_to_start_timeout == 30.0
+    # and without a default it has none, unless the call gives one
+    assert build().schedule_to_start_timeout is None
+    assert build(options={"schedule_to_start_timeout": 5}).schedule_to_start_timeout == 5

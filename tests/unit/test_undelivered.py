@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from bidding import award, journal, lifecycle, sweeper
 from bidding.config import Settings
 from bidding.models import Award
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat
-from bidding.store import read_session
+from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode
 from tests.unit.test_execution import NODE, assigned, log
@@ -181,3 +181,29 @@ def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     assert award.delivery_due(settings, timed, 1000.0, waited=300.0) == 1005.0
     with read_session(settings.database_url) as session:
         assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+
+
+def test_a_resend_that_outlasts_its_lease_leaves_the_task_to_the_sweeper_that_took_it_over(
+    settings: Settings, broker: Broker, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given an undelivered task, and a send so slow that another sweeper takes the task over
+    # (its own lease) before the send returns
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
+    app = Celery("t", broker="memory://", set_as_current=False)
+    rfp = assigned(settings)
+    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    takeover = time.time() + 100.0
+
+    def slow_send(app_: Any, rfp_: Any, node: str, settings_: Any = None) -> None:
+        with write_session(settings.database_url) as session:
+            session.execute(update(AnnouncementRow)
+                            .where(AnnouncementRow.task_id == rfp.task_id)
+                            .values(due_at=takeover))
+
+    monkeypatch.setattr(sweeper, "send_execution", slow_send)
+    # when the first sweeper's send returns
+    assert sweeper.resend(settings, app, rfp, rfp.attempt, NODE, time.time(), "its send failed",
+                          rfp.announced_at)
+    # then it logs no RESENT (SEND_FAILED stays the last word) and leaves the other's lease
+    assert journal.RESENT not in [m[0] for m in log(settings, rfp.task_id)]
+    assert row(settings, rfp.task_id).due_at == takeover
