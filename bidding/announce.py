@@ -75,6 +75,19 @@ def _skill_list(skills: Any) -> list[Any]:
     return [skills] if isinstance(skills, str) else list(skills)
 
 
+def arguments_json(task_name: str, args: Sequence[Any] | None,
+                   kwargs: Mapping[str, Any] | None) -> str:
+    """The JSON of a call's arguments; a clear error, naming the task, if JSON cannot carry
+    them (a new call, or ``self.retry(args=...)``)."""
+    try:
+        return json.dumps([list(args or ()), dict(kwargs or {})])
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"args/kwargs of {task_name}: not JSON serializable ({exc}); "
+            "celery-bidding sends JSON only"
+        ) from None
+
+
 def build_announcement(
     task: Task,
     settings: Settings,
@@ -87,13 +100,7 @@ def build_announcement(
     check_options(options, "bidding")
     args = list(args or ())
     kwargs = dict(kwargs or {})
-    try:
-        payload = json.dumps([args, kwargs])
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(
-            f"args/kwargs of {task.name}: not JSON serializable ({exc}); "
-            "celery-bidding sends JSON only"
-        ) from None
+    payload = arguments_json(task.name, args, kwargs)
     merged: dict[str, Any] = {
         "task_type": getattr(task, "task_type", None) or task.name.rsplit(".", 1)[-1],
         "required_skills": _skill_list(getattr(task, "required_skills", None) or ()),

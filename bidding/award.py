@@ -258,9 +258,8 @@ def award_answers(
     that same transaction (a new auction decided at once: proxy bids with a scoring strategy).
     """
     strategy = resolve_strategy(rfp.strategy)
-    inside = isinstance(answers, AnswersInside)
     at_once = decides_at_once(strategy)
-    if (opening is not None or inside) and not at_once:
+    if (opening is not None or isinstance(answers, AnswersInside)) and not at_once:
         raise ValueError(f"strategy {rfp.strategy} decides outside the award's "
                          "transaction: its announcement and answers must be stored first")
     if isinstance(answers, AnswersInside):

@@ -18,7 +18,6 @@ retry policy allows: a new auction after the backoff, by default without the nod
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -31,11 +30,11 @@ from celery.signals import task_revoked
 from sqlalchemy.engine import make_url
 
 from bidding import execution
-from bidding.announce import announce, build_announcement, check_options
+from bidding.announce import announce, arguments_json, build_announcement, check_options
 from bidding.award import ATTEMPT_HEADER, NODE_HEADER
 from bidding.board import history_changed
 from bidding.canvas import canvas_of
-from bidding.errors import ConfigurationError, DeadlinePassedError
+from bidding.errors import DeadlinePassedError
 from bidding.models import RetryPolicy
 from bidding.node import current_profile
 from bidding.settings import get_settings
@@ -94,7 +93,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         delay = _delay(options)
         running: execution.Running | None = getattr(self.request, _RUNNING, None)
         if running is not None and task_id == running.task_id:
-            _check_json(self.name, args, kwargs)
+            arguments_json(self.name, args, kwargs)  # refused here, as a new call's are
             execution.retry_requested(settings, running, delay, args, kwargs)
             return AsyncResult(task_id, app=self.app)
         defaults = dict(self.bidding or {})
@@ -187,15 +186,6 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
         if run is not None:
             run.units = float(units)
-
-
-def _check_json(name: str, args: Any, kwargs: Any) -> None:
-    """Refuse arguments JSON cannot carry, naming the task (``self.retry(args=...)``)."""
-    try:
-        json.dumps([list(args or ()), dict(kwargs or {})])
-    except (TypeError, ValueError) as exc:
-        raise ConfigurationError(f"args/kwargs of {name}: not JSON serializable ({exc}); "
-                                 "celery-bidding sends JSON only") from None
 
 
 def _delay(options: Mapping[str, Any]) -> float:
