@@ -12,7 +12,7 @@ from sqlalchemy import select, update
 
 from bidding import award, journal, lifecycle, sweeper
 from bidding.config import Settings
-from bidding.models import Award
+from bidding.models import Announcement, Award
 from bidding.profile import NodeProfile
 from bidding.registry import heartbeat
 from bidding.store import read_session, write_session
@@ -42,6 +42,31 @@ def broker(monkeypatch: pytest.MonkeyPatch) -> Broker:
     return fake
 
 
+@pytest.fixture
+def app() -> Celery:
+    """An app whose sends the ``broker`` fixture fakes."""
+    return Celery("t", broker="memory://", set_as_current=False)
+
+
+def live_node(settings: Settings, now: float | None = None) -> None:
+    """``NODE`` heartbeats (at ``now``)."""
+    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=now)
+
+
+def undelivered(settings: Settings) -> Announcement:
+    """A task awarded to live ``NODE`` whose send failed (SEND_FAILED, due now)."""
+    live_node(settings)
+    rfp = assigned(settings)
+    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    return rfp
+
+
+def episodes(settings: Settings, task_id: str) -> list[Episode]:
+    """The task's episodes: a failure counted against a node would be one."""
+    with read_session(settings.database_url) as session:
+        return list(session.scalars(select(Episode).where(Episode.task_id == task_id)))
+
+
 def row(settings: Settings, task_id: str) -> AnnouncementRow:
     with read_session(settings.database_url) as session:
         found = session.scalars(select(AnnouncementRow)
@@ -51,11 +76,10 @@ def row(settings: Settings, task_id: str) -> AnnouncementRow:
 
 
 def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
-    settings: Settings, broker: Broker, caplog: pytest.LogCaptureFixture,
+    settings: Settings, broker: Broker, app: Celery, caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given a live winner, and an award committed while the broker is down
-    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
-    app = Celery("t", broker="memory://", set_as_current=False)
+    live_node(settings)
     rfp = assigned(settings)
     won = Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=NODE,
                 strategy="weighted", closed_by="proxy bids")
@@ -91,8 +115,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     kind, node, _, detail = log(settings, rfp.task_id)[-1]
     assert (kind, node, detail["why"]) == (journal.RESENT, NODE, "its send failed")
     # and no failed attempt counts against the node
-    with read_session(settings.database_url) as session:
-        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+    assert episodes(settings, rfp.task_id) == []
     # and a later sweep leaves it alone
     assert sweeper.check_winners(settings, app, now=time.time() + 1)[0] == 0
     # and a sweeper that saw it due before the resend cannot take it from the node, nor
@@ -103,18 +126,16 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     assert not sweeper.resend(settings, app, rfp, rfp.attempt, NODE, now)
     assert broker.sent == [(rfp.task_id, NODE)]
     assert row(settings, rfp.task_id).assigned_node == NODE
-    with read_session(settings.database_url) as session:
-        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+    assert episodes(settings, rfp.task_id) == []
 
 
 def test_a_winner_late_to_start_is_still_replaced_not_resent(
-    settings: Settings, broker: Broker,
+    settings: Settings, broker: Broker, app: Celery,
 ) -> None:
     # given a task sent to a live winner, which has not started it by its start deadline
-    app = Celery("t", broker="memory://", set_as_current=False)
     rfp = assigned(settings, schedule_to_start_timeout=30)  # due to start within 30 s
     later = time.time() + 31
-    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=later)
+    live_node(settings, now=later)
     broker.up = True
     # when a sweep runs after that deadline
     sweeper.check_winners(settings, app, now=later)
@@ -128,13 +149,10 @@ def test_a_winner_late_to_start_is_still_replaced_not_resent(
 
 
 def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
-    settings: Settings, broker: Broker, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings, broker: Broker, app: Celery, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given an undelivered task, and a sweeper that dies right after its send went out
-    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
-    app = Celery("t", broker="memory://", set_as_current=False)
-    rfp = assigned(settings)
-    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    rfp = undelivered(settings)
     broker.up = True
 
     def dies(*_: Any, **__: Any) -> None:
@@ -153,17 +171,16 @@ def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
 
 
 def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
-    settings: Settings, broker: Broker,
+    settings: Settings, broker: Broker, app: Celery,
 ) -> None:
     # given a task awarded to a live node, with no schedule-to-start timeout, whose message
     # never went out (the process that awarded it died before sending)
-    app = Celery("t", broker="memory://", set_as_current=False)
     rfp = assigned(settings)
     won = award.delivery_due(settings, rfp, rfp.announced_at)
     assert won == rfp.announced_at + settings.delivery_check_seconds
     broker.up = True
     later = rfp.announced_at + settings.delivery_check_seconds + 1
-    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]), now=later)
+    live_node(settings, now=later)
     # when a sweep runs after its delivery check is due
     moved, _ = sweeper.check_winners(settings, app, now=later)
     # then it is sent again to the same node, saying why, and not blamed on the node
@@ -179,19 +196,15 @@ def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     # (with a schedule-to-start timeout, that deadline is the next look instead)
     timed = rfp.model_copy(update={"schedule_to_start_timeout": 5.0})
     assert award.delivery_due(settings, timed, 1000.0, waited=300.0) == 1005.0
-    with read_session(settings.database_url) as session:
-        assert session.scalars(select(Episode).where(Episode.task_id == rfp.task_id)).all() == []
+    assert episodes(settings, rfp.task_id) == []
 
 
 def test_a_resend_that_outlasts_its_lease_leaves_the_task_to_the_sweeper_that_took_it_over(
-    settings: Settings, broker: Broker, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings, broker: Broker, app: Celery, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given an undelivered task, and a send so slow that another sweeper takes the task over
     # (its own lease) before the send returns
-    heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
-    app = Celery("t", broker="memory://", set_as_current=False)
-    rfp = assigned(settings)
-    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    rfp = undelivered(settings)
     takeover = time.time() + 100.0
 
     def slow_send(app_: Any, rfp_: Any, node: str, settings_: Any = None) -> None:
