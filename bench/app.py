@@ -21,7 +21,7 @@ from typing import Any
 from celery import Celery
 
 import bidding
-from bidding.settings import celery_conf
+from bidding.config import celery_conf
 
 BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every benchmark node has and the bidding task requires.

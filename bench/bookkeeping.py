@@ -24,48 +24,38 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
 BENCH_DIR = Path(__file__).absolute().parent
-# Running as a script puts bench/ first on sys.path; its modules must not shadow the stdlib.
+# Running as a script puts bench/ first on sys.path; its modules must not shadow the stdlib, and
+# the bench package is imported from the repository root. (Here, not in bench.common: this is
+# what makes bench.common importable.)
 sys.path[:] = [p for p in sys.path if Path(p or ".").absolute() != BENCH_DIR]
 if str(BENCH_DIR.parent) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR.parent))
 
-from sqlalchemy import create_engine, event, text  # noqa: E402
+from sqlalchemy import event, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 
-from bidding import execution, journal, lifecycle  # noqa: E402
+from bench.common.markdown import padded_rule, row  # noqa: E402
+from bench.common.postgres import scratch_database  # noqa: E402
+from bench.common.stats import percentile  # noqa: E402
 from bidding.config import Settings  # noqa: E402
+from bidding.execution import attempt as execution  # noqa: E402
+from bidding.lifecycle import journal  # noqa: E402
+from bidding.lifecycle import states as lifecycle  # noqa: E402
 from bidding.models import Announcement  # noqa: E402
 from bidding.store import dispose_all, get_engine, upgrade, write_session  # noqa: E402
-from bidding.store.engine import normalize_url  # noqa: E402
 from bidding.store.schema import Announcement as AnnouncementRow  # noqa: E402
 
 NODE = "node-a"
 PRICE = 0.5
 T = TypeVar("T")
-
-
-@contextmanager
-def postgres_database(server_url: str) -> Iterator[str]:
-    """A new database on ``server_url``'s server, dropped on exit; yields its URL."""
-    admin_url = make_url(normalize_url(server_url))
-    name = f"bidding_bk_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield admin_url.set(database=name).render_as_string(hide_password=False)
-    finally:
-        dispose_all()
-        with admin.connect() as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+#: The report's header; the cells are padded to the width of the numbers under them.
+HEADER = ("call    ", "wall p50 ms", "p99 ms ", "CPU p50", "CPU avg", "statements")
 
 
 def announcement(i: int, budget: float | None) -> Announcement:
@@ -84,7 +74,7 @@ def seed(url: str, tasks: int, budget: float | None) -> list[str]:
         for i in range(tasks):
             rfp = announcement(i, budget)
             now = time.time()
-            # bidding.announce._row, then the award's transition to ASSIGNED.
+            # bidding.auction.announce.row_values, then the award's transition to ASSIGNED.
             session.add(AnnouncementRow(
                 task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
                 content=rfp.content, required_skills=rfp.required_skills,
@@ -116,6 +106,7 @@ class Meter:
         self.statements: list[int] = []
 
     def time(self, counter: list[int], call: Callable[[], T]) -> T:
+        """Run ``call`` and keep its wall time, CPU time and statements (``counter``'s rise)."""
         before = counter[0]
         cpu = time.process_time()
         wall = time.perf_counter()
@@ -126,15 +117,17 @@ class Meter:
         return out
 
     def row(self, name: str) -> str:
-        wall = sorted(self.wall)
-        p99 = wall[min(len(wall) - 1, int(0.99 * len(wall)))]
+        """The report's row of this kind of call (milliseconds)."""
+        p99 = percentile(self.wall, 99) or 0.0
         cpu = self.cpu
-        return (f"| {name:<8} | {statistics.median(wall) * 1e3:11.3f} | {p99 * 1e3:7.3f} "
-                f"| {statistics.median(cpu) * 1e3:7.3f} | {statistics.mean(cpu) * 1e3:7.3f} "
-                f"| {statistics.mean(self.statements):10.2f} |")
+        return row([f"{name:<8}", f"{statistics.median(self.wall) * 1e3:11.3f}",
+                    f"{p99 * 1e3:7.3f}", f"{statistics.median(cpu) * 1e3:7.3f}",
+                    f"{statistics.mean(cpu) * 1e3:7.3f}",
+                    f"{statistics.mean(self.statements):10.2f}"])
 
 
 def run(url: str, tasks: int, budget: float | None, profile: str | None) -> None:
+    """Seed ``tasks`` tasks, time begin and complete of each, check the store, print."""
     upgrade(url)
     settings = Settings(database_url=url, auto_migrate=False)
     ids = seed(url, tasks, budget)
@@ -166,13 +159,14 @@ def run(url: str, tasks: int, budget: float | None, profile: str | None) -> None
     assert dict((s, int(n)) for s, n in states) == {lifecycle.SUCCESS: tasks + len(warm)}, states
     backend = make_url(url).get_backend_name()
     print(f"\n{backend}: {tasks} tasks, budget={budget}\n")
-    print("| call     | wall p50 ms | p99 ms  | CPU p50 | CPU avg | statements |")
-    print("|----------|-------------|---------|---------|---------|------------|")
+    print(row(HEADER))
+    print(padded_rule(HEADER))
     print(began.row("begin"))
     print(completed.row("complete"))
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Parse the command line and run on a fresh store."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--db", help="a PostgreSQL server URL (a new database is created there)")
@@ -182,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         if args.db:
-            with postgres_database(args.db) as url:
+            with scratch_database(args.db, "bidding_bk") as url:
                 run(url, args.tasks, args.budget, args.profile)
         else:
             with tempfile.TemporaryDirectory(prefix="bidding-bk-") as tmp:

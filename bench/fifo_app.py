@@ -22,7 +22,7 @@ from celery import Celery
 from celery.signals import celeryd_after_setup
 
 import bidding
-from bidding.settings import celery_conf
+from bidding.config import celery_conf
 
 BROKER = os.environ.get("FIFO_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every node has and ``bid_work`` requires.

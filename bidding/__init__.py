@@ -12,9 +12,8 @@ bidding.explain(result.id, app=app)
 ```
 """
 
-from bidding import status
 from bidding.app import install
-from bidding.config import Settings, load_settings
+from bidding.config import Settings, celery_conf, get_settings, load_settings
 from bidding.errors import (
     BiddingError,
     ConfigurationError,
@@ -28,10 +27,10 @@ from bidding.errors import (
     UnknownStrategyError,
     UnknownTaskError,
 )
-from bidding.explain import Explanation, explain
 from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
-from bidding.profile import NodeProfile, load_profile
-from bidding.settings import get_settings
+from bidding.nodes.profile import NodeProfile, load_profile
+from bidding.observe import status
+from bidding.observe.explain import Explanation, explain
 from bidding.strategies import (
     AgentJudgment,
     BestSkillMatch,
@@ -79,6 +78,7 @@ __all__ = [
     "UnknownStrategyError",
     "UnknownTaskError",
     "WeightedScore",
+    "celery_conf",
     "explain",
     "get_settings",
     "install",

@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Any
 
 import click
 from celery import Celery, bootsteps
 from celery.signals import worker_process_init
 
-from bidding.consumer import BidConsumerStep
-from bidding.node import PROFILE_ENV, current_profile
-from bidding.periodic import Periodic
-from bidding.profile import bid_queue, exec_queue
-from bidding.registry import Heartbeat
-from bidding.settings import get_settings
+from bidding.auction.consumer import BidConsumerStep
+from bidding.auction.sweeper import Sweeper
+from bidding.auction.watchdog import incarnation_ended
+from bidding.config import Settings, get_settings
+from bidding.nodes import incarnation
+from bidding.nodes.heartbeat import Heartbeat
+from bidding.nodes.profile import PROFILE_ENV, bid_queue, current_profile, exec_queue
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
-from bidding.sweeper import sweep, sweep_interval
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +72,33 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
                         bid_queue(profile.name))
         if settings.auto_migrate:
             ensure_schema(settings.database_url)
-        logger.info("node %s: capabilities %s, capacity %s", profile.name,
-                    ", ".join(profile.capabilities), profile.capacity)
+        # A new incarnation of this worker's name, registered before any consumer starts (so
+        # no attempt this worker begins is taken for its predecessor's). The attempts of an
+        # earlier incarnation under the same name are lost: handled off the start-up path.
+        me = incarnation.begin(worker.hostname, profile.name, _slots(worker))
+        earlier = incarnation.register(settings, me)
+        if earlier is not None:
+            threading.Thread(target=_handle_ended, args=(settings, earlier),
+                             name="bidding-predecessor", daemon=True).start()
+        logger.info("node %s: capabilities %s, capacity %s (worker %s, %s pool process(es))",
+                    profile.name, ", ".join(profile.capabilities), profile.capacity,
+                    me.hostname, me.slots or "?")
+
+
+def _slots(worker: Any) -> int | None:
+    """How many attempts the worker's pool runs at once."""
+    pool = getattr(worker, "pool_cls", None)
+    if pool is not None and "solo" in getattr(pool, "__module__", ""):
+        return 1
+    concurrency = getattr(worker, "concurrency", None)
+    return concurrency if isinstance(concurrency, int) and concurrency > 0 else None
+
+
+def _handle_ended(settings: Settings, earlier: incarnation.Ended) -> None:
+    try:
+        incarnation_ended(settings, earlier)
+    except Exception:  # the watchdogs still find its lost attempts
+        logger.exception("handling the earlier incarnation of %s failed", earlier.hostname)
 
 
 class _NodeLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is untyped
@@ -89,7 +115,8 @@ class _NodeLoopStep(bootsteps.StartStopStep):  # type: ignore[misc]  # Celery is
 
 
 class SweeperStep(_NodeLoopStep):
-    """Run ``bidding.sweeper.sweep``: close expired auctions, announce due tasks, watch winners.
+    """Run the sweeper (``auction.sweeper``): close expired auctions, announce due tasks, watch
+    winners, each phase on a loop of its own.
 
     Every node worker sweeps; the transitions' compare-and-set makes concurrent sweeps harmless.
     """
@@ -99,23 +126,16 @@ class SweeperStep(_NodeLoopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        app = consumer.app
-        self.alive = 1
-
-        def run() -> None:
-            self.alive = sweep(self.settings, app)
-
-        self.loop = Periodic("bidding-sweeper", lambda: sweep_interval(self.settings, self.alive),
-                             run, jitter=0.25)
+        self.sweeper = Sweeper(self.settings, consumer.app)
 
     def start(self, consumer: Any) -> None:
         """Start sweeping."""
         if self.profile is not None:
-            self.loop.start()
+            self.sweeper.start()
 
     def stop(self, consumer: Any) -> None:
         """Stop sweeping."""
-        self.loop.stop()
+        self.sweeper.stop()
 
 
 class HeartbeatStep(_NodeLoopStep):
@@ -127,11 +147,11 @@ class HeartbeatStep(_NodeLoopStep):
     """
 
     label = "bidding heartbeat"
-    requires = ("celery.worker.consumer.tasks:Tasks", "bidding.consumer:BidConsumerStep")
+    requires = ("celery.worker.consumer.tasks:Tasks", "bidding.auction.consumer:BidConsumerStep")
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        self.heartbeat = (Heartbeat(self.settings, self.profile)
+        self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current())
                           if self.profile is not None else None)
 
     def start(self, consumer: Any) -> None:

@@ -14,16 +14,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import click
 from celery import Celery
 from celery.app.utils import find_app
 
-from bidding.config import Settings, load_settings
+from bidding.config import Settings, get_settings, load_settings
 from bidding.errors import BiddingError
-from bidding.node import PROFILE_ENV
-from bidding.profile import exec_queue, load_profile
+from bidding.nodes.profile import PROFILE_ENV, exec_queue, load_profile
 
 
 def _load_app(name: str) -> Celery:
@@ -46,12 +44,7 @@ def _load_app(name: str) -> Celery:
 
 def _settings(app_name: str | None, database_url: str | None,
               app: Celery | None = None) -> Settings:
-    if app_name:
-        from bidding.settings import get_settings
-
-        settings = get_settings(app or _load_app(app_name))
-    else:
-        settings = load_settings({})
+    settings = get_settings(app or _load_app(app_name)) if app_name else load_settings({})
     if database_url:
         settings = settings.model_copy(update={"database_url": database_url})
     return settings
@@ -92,7 +85,6 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
     path = str(Path(profile).resolve())
     os.environ[PROFILE_ENV] = path
     app = _load_app(app_name)
-    from bidding.settings import get_settings
     from bidding.store import upgrade
 
     upgrade(get_settings(app).database_url)
@@ -118,7 +110,7 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
 def explain(task_id: str, app_name: str | None, database_url: str | None,
             as_json: bool) -> None:
     """Show every bid of TASK_ID's auction, its score breakdown, the strategy and the winner."""
-    from bidding.explain import explain as do_explain
+    from bidding.observe.explain import explain as do_explain
 
     app = _load_app(app_name) if app_name else None
     settings = _settings(app_name, database_url, app)
@@ -137,7 +129,7 @@ def explain(task_id: str, app_name: str | None, database_url: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
     """Where TASK_ID stands: state, attempt, node, progress, cost against budget."""
-    from bidding.status import task_status
+    from bidding.observe.status import task_status
 
     settings = _settings(app_name, database_url)
     try:
@@ -153,7 +145,7 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
 @click.option("--json", "as_json", is_flag=True)
 def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None:
     """List the nodes that are alive now (fresh heartbeat), with their profiles."""
-    from bidding.registry import query_live_nodes
+    from bidding.nodes.registry import query_live_nodes
     from bidding.store import ensure_schema
 
     settings = _settings(app_name, database_url)
@@ -178,7 +170,7 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
 @click.option("--json", "as_json", is_flag=True)
 def stats(app_name: str | None, database_url: str | None, since: float, as_json: bool) -> None:
     """Tasks per node, success rate and assignment latency (p50/p99) from the store."""
-    from bidding.stats import collect
+    from bidding.observe.stats import collect
     from bidding.store import ensure_schema
 
     settings = _settings(app_name, database_url)
@@ -187,27 +179,7 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
     if as_json:
         click.echo(result.model_dump_json(indent=2))
         return
-    click.echo(render_stats(result))
-
-
-def render_stats(result: Any) -> str:
-    """Plain-text rendering of :class:`bidding.stats.Stats`."""
-    def ms(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f} ms"
-
-    rate = "-" if result.success_rate is None else f"{result.success_rate:.1%}"
-    lines = [
-        f"tasks: {result.announced} announced, {result.succeeded} succeeded, "
-        f"{result.failed} failed, {result.unfinished} unfinished; success rate {rate}",
-        f"assignment latency: p50 {ms(result.assignment_p50_ms)}, "
-        f"p99 {ms(result.assignment_p99_ms)}",
-        f"{'node':<12} {'bids':>5} {'wins':>5} {'ok':>5} {'failed':>6} {'avg score':>9}",
-    ]
-    for n in result.nodes:
-        avg = "-" if n.avg_score is None else f"{n.avg_score:.3f}"
-        lines.append(f"{n.node:<12} {n.bids:>5} {n.wins:>5} {n.succeeded:>5} {n.failed:>6} "
-                     f"{avg:>9}")
-    return "\n".join(lines)
+    click.echo(result.render())
 
 
 @main.group()

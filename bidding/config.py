@@ -1,4 +1,5 @@
-"""Typed ``bidding_*`` settings: one place for names, defaults and validation.
+"""Typed ``bidding_*`` settings: one place for names, defaults and validation, and the settings
+of an app (``get_settings``), loaded once and checked for JSON-only serialization.
 
 Values are read from ``app.conf`` (``bidding_window = 2.0``) and overridden by the environment
 (``BIDDING_WINDOW=0.5``), so every deployment knob can be set without touching code.
@@ -8,12 +9,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError
 from bidding.models import NoBidPolicy, describe_validation
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 ENV_PREFIX = "BIDDING_"
 CONF_PREFIX = "bidding_"
@@ -33,6 +37,10 @@ class Settings(BaseModel):
     window: float = Field(2.0, gt=0, le=3600)
     #: Default selection strategy (a registered name or ``"package.module:Class"``).
     strategy: str = "weighted"
+    #: Dotted paths (``"package.module:Class"``) of strategies that tasks may name, besides the
+    #: built-in and registered names and ``bidding_strategy`` itself. A strategy's name travels
+    #: in messages and the store: a node imports only what is listed here.
+    allowed_strategies: tuple[str, ...] = ()
     #: What an auction without a valid bid does: fail the task, or fall back to any live node.
     no_bid: NoBidPolicy = "fail"
     #: Bids with a lower confidence are not eligible (seed 001's default is 0.5).
@@ -42,13 +50,13 @@ class Settings(BaseModel):
     #: Send bid requests to at most this many eligible nodes per auction (0 = all of them).
     candidate_cap: int = Field(8, ge=0)
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
-    #: the store), "store", or a Redis URL (see bidding.board).
+    #: the store), "store", or a Redis URL (see bidding.auction.board).
     bid_board: str = "auto"
     #: Who makes the bids: "ask" sends each candidate a bid request and its node answers;
     #: "proxy" has the announcing process compute the candidates' bids itself, with the nodes'
     #: own bid function on their published profiles and their history in the store, and award
-    #: at once (see bidding.proxy). Set it where tasks are announced (callers and node workers,
-    #: whose sweepers announce retries).
+    #: at once (see bidding.auction.proxy). Set it where tasks are announced (callers and node
+    #: workers, whose sweepers announce retries).
     bid_mode: Literal["ask", "proxy"] = "ask"
     #: Seconds a node reuses its history (experience, in-flight work) between bids on the same
     #: task type, while its history version on the Redis board holds; the award re-counts
@@ -69,10 +77,11 @@ class Settings(BaseModel):
     experience_window: int = Field(10, ge=1)
     #: Failures within this many seconds count as "recent" for the x0.8 penalty.
     recent_failure_seconds: float = Field(3600.0, gt=0)
-    #: Seconds an awarded task may wait to start before it goes to the next-best bidder
-    #: (0 = only when the winner's node stops heartbeating). Per task:
+    #: Seconds an awarded task may wait to start, while its winner could have started it (a
+    #: free pool process: the clock starts again while every one is busy), before it goes to
+    #: the next-best bidder; 0 = only when the winner's node stops heartbeating. Per task:
     #: ``bidding={"schedule_to_start_timeout": ...}``.
-    schedule_to_start_timeout: float = Field(0.0, ge=0)
+    schedule_to_start_timeout: float = Field(60.0, ge=0)
     #: Without a schedule-to-start timeout: seconds after which an awarded task its live winner
     #: has not started is sent to it again, in case its message was lost (the process that
     #: awarded it died before sending); the wait doubles each time. 0 = never.
@@ -84,6 +93,20 @@ class Settings(BaseModel):
     notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
+
+    @field_validator("allowed_strategies", mode="before")
+    @classmethod
+    def _paths(cls, value: Any) -> Any:
+        # From the environment: "pkg.a:One,pkg.b:Two".
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+    @property
+    def strategy_allowlist(self) -> frozenset[str]:
+        """The dotted strategy paths this process may import: ``bidding_allowed_strategies``
+        and the configured default ``bidding_strategy``."""
+        return frozenset((*self.allowed_strategies, self.strategy))
 
     @field_validator("bid_board")
     @classmethod
@@ -128,3 +151,52 @@ def load_settings(
         reason = describe_validation(exc, CONF_PREFIX)
         raise ConfigurationError(f"invalid settings: {reason}") from None
 
+
+_ATTR = "_bidding_settings"
+#: The only content types an app may accept: JSON, by name or by MIME type.
+JSON_CONTENT = frozenset({"json", "application/json"})
+
+
+def get_settings(app: Celery) -> Settings:
+    """``app``'s bidding settings (``app.conf.bidding_*`` overridden by ``BIDDING_*``)."""
+    found: Settings | None = getattr(app, _ATTR, None)
+    if found is None:
+        check_json_only(app)
+        found = load_settings(dict(app.conf))
+        setattr(app, _ATTR, found)
+    return found
+
+
+def reset_settings(app: Celery) -> None:
+    """Forget cached settings (after changing ``app.conf`` in tests)."""
+    if hasattr(app, _ATTR):
+        delattr(app, _ATTR)
+
+
+def celery_conf(broker_url: str, result_backend: str | None = None) -> dict[str, Any]:
+    """The Celery settings a bidding app's nodes want: JSON only (what ``check_json_only``
+    enforces), executions fetched one at a time, and broker retries at start-up."""
+    return {
+        "broker_url": broker_url,
+        "result_backend": result_backend or broker_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "worker_prefetch_multiplier": 1,
+        "broker_connection_retry_on_startup": True,
+    }
+
+
+def check_json_only(app: Celery) -> None:
+    """Refuse an app configured to send or accept pickle: bidding messages are JSON only."""
+    conf = app.conf
+    for key in ("task_serializer", "result_serializer"):
+        if conf.get(key) != "json":
+            raise ConfigurationError(f"{key}: must be 'json' for celery-bidding "
+                                     f"(got {conf.get(key)!r})")
+    for key in ("accept_content", "result_accept_content"):
+        accepted = conf.get(key) or []
+        bad = [c for c in accepted if str(c) not in JSON_CONTENT]
+        if bad:
+            raise ConfigurationError(f"{key}: must accept JSON only (got {list(accepted)!r})")

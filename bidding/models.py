@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bidding.errors import ConfigurationError
 
 NoBidPolicy = Literal["fail", "fallback"]
+#: Cost differences below this are float rounding, not overspending (1.0 - 0.8 is
+#: 0.19999999999999996): a bid of exactly the budget left stays eligible.
+BUDGET_EPSILON = 1e-9
 
 #: Keys a caller may pass in ``apply_async(..., bidding={...})`` or ``@app.task(bidding={...})``.
 OPTION_KEYS: tuple[str, ...] = (
@@ -112,7 +115,7 @@ def skill_names(value: list[str], what: str) -> list[str]:
 
 class CanvasOptions(BaseModel):
     """What Celery's canvas passed with a call, put into each execution message as Celery's
-    ``send_task`` would (``bidding.canvas``): signatures as plain dicts."""
+    ``send_task`` would (``bidding.execution.canvas``): signatures as plain dicts."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -179,6 +182,9 @@ class Announcement(BaseModel):
     deferrals: int = Field(0, ge=0)
     #: Attempts that failed on a node so far (what the retry policy counts).
     failures: int = Field(0, ge=0)
+    #: Why the previous attempt failed (the task's own error, or why its node lost it), so that
+    #: a retry whose auction finds no winner still says what went wrong first.
+    last_error: str | None = None
     attempt: int = Field(1, ge=1)
     announced_at: float = Field(default_factory=time.time)
     #: Celery's canvas around the call (callbacks, errbacks, chain, group, chord, parent).

@@ -29,15 +29,17 @@ from celery.result import AsyncResult
 from celery.signals import task_revoked
 from sqlalchemy.engine import make_url
 
-from bidding import execution
-from bidding.announce import announce, arguments_json, build_announcement, check_options
-from bidding.award import ATTEMPT_HEADER, NODE_HEADER
-from bidding.board import history_changed
-from bidding.canvas import canvas_of
+from bidding.auction.announce import announce
+from bidding.auction.announcement import arguments_json, build_announcement, check_options
+from bidding.auction.board import history_changed
+from bidding.config import get_settings
 from bidding.errors import DeadlinePassedError
+from bidding.execution import attempt as execution
+from bidding.execution.canvas import canvas_of
+from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.models import RetryPolicy
-from bidding.node import current_profile
-from bidding.settings import get_settings
+from bidding.nodes import incarnation
+from bidding.nodes.profile import current_profile
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         """Announce this call for bidding and return the AsyncResult of its execution.
 
         ``countdown``/``eta`` delay the auction itself. ``link``, ``link_error`` and Celery's
-        canvas (chains, groups, chords) go with the task's execution (``bidding.canvas``).
+        canvas (chains, groups, chords) go with the task's execution (``bidding.execution.canvas``).
         Called by ``self.retry()`` inside a running bidding task, it schedules that task's next
         attempt instead.
         """
@@ -118,7 +120,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run = execution.begin(settings, request.id, int(attempt),
                               str(_header(request, NODE_HEADER)),
                               profile.price_per_unit if profile is not None else 0.0,
-                              redelivered=bool((request.delivery_info or {}).get("redelivered")))
+                              redelivered=bool((request.delivery_info or {}).get("redelivered")),
+                              worker=request.hostname, boot_id=incarnation.boot_id())
         if run.start is execution.Start.DUPLICATE:
             raise Ignore()
         if run.start is execution.Start.UNKNOWN:

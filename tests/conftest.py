@@ -7,6 +7,9 @@ import os
 import pytest
 
 REDIS_URL = os.environ.get("BIDDING_TEST_REDIS", "redis://127.0.0.1:6379")
+#: The first of the four Redis dbs the tests use (broker, counters, RabbitMQ's result backend,
+#: bid board): two checkouts can run their tests on one Redis at once with different bases.
+REDIS_DB = int(os.environ.get("BIDDING_TEST_REDIS_DB", "11"))
 POSTGRES_URL = os.environ.get(
     "BIDDING_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )

@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between submits")
     args = parser.parse_args(argv)
 
-    from bidding.federation import EmbeddedRedis, Federation
+    from bidding.nodes.embedded import EmbeddedRedis
+    from bidding.nodes.federation import Federation
 
     embedded: EmbeddedRedis | None = None
     if not os.environ.get("CELERY_BROKER_URL"):
@@ -125,11 +126,10 @@ def main(argv: list[str] | None = None) -> int:
     database_url = os.environ["BIDDING_DATABASE_URL"]
     print(f"store: {database_url}")
 
-    from bidding.cli import render_stats
+    from bidding.config import get_settings
     from bidding.demo import tasks
     from bidding.demo.app import app
-    from bidding.settings import get_settings
-    from bidding.stats import collect
+    from bidding.observe.stats import collect
     from bidding.store import upgrade
 
     settings = get_settings(app)
@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         stop.set()
         printer.join(timeout=5)
         print("\nsummary")
-        print(render_stats(collect(settings.database_url, since=started)))
+        print(collect(settings.database_url, since=started).render())
         example = next((r.id for n, r in results if r.successful()), results[0][1].id)
         print(f"\nexplain any task:  bidding explain {example} -A bidding.demo.app")
         if unfinished:

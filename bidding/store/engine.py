@@ -30,6 +30,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from bidding.store.forkguard import guard
 
 _WRITE_OPTION = "bidding_write"
+#: Seconds to wait for a new PostgreSQL connection.
+CONNECT_TIMEOUT = 10
 _lock = threading.Lock()
 
 
@@ -70,6 +72,13 @@ def _build(url: str) -> _Engines:
     else:
         kwargs["pool_pre_ping"] = True
         kwargs["pool_size"] = 5
+        if make_url(url).get_driver_name() == "psycopg":
+            # A server that vanished (a half-open connection after a network cut) must fail a
+            # session within a minute, not block a node's sweeper or bid threads for ever:
+            # a connect timeout, and TCP keepalives on every pooled connection.
+            kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT, "keepalives": 1,
+                                      "keepalives_idle": 10, "keepalives_interval": 5,
+                                      "keepalives_count": 3}
     engine = create_engine(url, **kwargs)
     if is_sqlite(url):
         _configure_sqlite(engine)

@@ -42,6 +42,31 @@ class Node(Base):
     successes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
+class Worker(Base):
+    """One worker process serving a node: an incarnation of a Celery node name.
+
+    A node may run several workers (on one host or several), each with its own Celery node name
+    (``redfin@host-a``). A worker that starts again under the same name is a new incarnation
+    (a new ``boot_id``): the attempts its earlier incarnation held are lost.
+    """
+
+    __tablename__ = "bidding_workers"
+
+    #: The Celery node name (``-n``), e.g. ``redfin@host-a``.
+    hostname: Mapped[str] = mapped_column(String(255), primary_key=True)
+    node: Mapped[str] = mapped_column(String(32), index=True)
+    #: This incarnation's id, new at every start of the worker.
+    boot_id: Mapped[str] = mapped_column(String(32))
+    pid: Mapped[int] = mapped_column(Integer, default=0)
+    started_at: Mapped[float] = mapped_column(Float)
+    last_heartbeat: Mapped[float] = mapped_column(Float)
+    #: Pool processes: how many attempts it runs at once (None: not reported).
+    slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    #: "online", "offline" (draining, or its broker connection lost), or "ended" once a
+    #: watchdog has handled its end (dead for the TTL, or replaced by a new incarnation).
+    status: Mapped[str] = mapped_column(String(16), default="online")
+
+
 class Announcement(Base):
     """One task put up for bidding, and where its auction and execution stand."""
 
@@ -59,7 +84,7 @@ class Announcement(Base):
     strategy: Mapped[str] = mapped_column(String(255))
     #: The announcement as sent to bidders (args, kwargs and every option), JSON.
     spec: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
-    #: PENDING, BIDDING, ASSIGNED, EXECUTING, SUCCESS, FAILED (see bidding.lifecycle).
+    #: PENDING, BIDDING, ASSIGNED, EXECUTING, SUCCESS, FAILED (see bidding.lifecycle.states).
     state: Mapped[str] = mapped_column(String(16), default="PENDING")
     attempt: Mapped[int] = mapped_column(Integer, default=1)
     candidates: Mapped[list[str]] = mapped_column(JSONType, default=list)
@@ -82,6 +107,15 @@ class Announcement(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     #: The latest progress report of the running attempt (AITP 5.3).
     progress: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: The worker (Celery node name) and its incarnation that began the current attempt.
+    worker: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    boot_id: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    #: The final outcome as the caller must see it: ``{"value": ...}`` (the task's JSON
+    #: result) or ``{"exception": {...}}`` (Celery's JSON form of the error).
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: When set, the result backend may lack the final state (its write failed, or the worker
+    #: died before it): a sweeper writes it again from the store at this time.
+    report_due: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
 
     __table_args__ = (
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),

@@ -187,8 +187,8 @@ def test_explain_unknown_task_says_no_such_announcement(store_url: str) -> None:
 
 def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     from bidding.config import load_settings
-    from bidding.profile import load_profile
-    from bidding.registry import heartbeat
+    from bidding.nodes.heartbeat import heartbeat
+    from bidding.nodes.profile import load_profile
     from bidding.store import get_engine
 
     # Given an empty store

@@ -25,7 +25,8 @@ import httpx
 import pytest
 
 from bidding.config import load_settings
-from bidding.federation import EmbeddedRedis, Federation, free_port
+from bidding.nodes.embedded import EmbeddedRedis, free_port
+from bidding.nodes.federation import Federation
 from tests.conftest import require
 
 pytestmark = pytest.mark.e2e
@@ -123,7 +124,7 @@ def federation(services: Services, tmp_path: Path) -> Iterator[Federation]:
         yield nodes
     finally:
         nodes.stop()
-        from bidding.registry import invalidate_cache
+        from bidding.nodes.registry import invalidate_cache
         from bidding.store import dispose_all
 
         dispose_all()  # the store connections wait_live opened in this process
@@ -181,7 +182,7 @@ def demo_app(services: Services, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
     imported_before = "bidding.demo.app" in sys.modules
     app = importlib.import_module("bidding.demo.app").app
     importlib.import_module("bidding.demo.tasks")
-    from bidding.settings import reset_settings
+    from bidding.config import reset_settings
 
     if imported_before:
         # celeryconfig read the environment of whichever test imported it first.
@@ -195,7 +196,7 @@ def demo_app(services: Services, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
         yield app
     finally:
         reset_settings(app)
-        from bidding.registry import invalidate_cache
+        from bidding.nodes.registry import invalidate_cache
         from bidding.store import dispose_all
         from bidding.store.migrate import forget_schema_checks
 

@@ -11,12 +11,13 @@ import redis
 from celery import Celery
 
 import bidding
-from bidding.settings import celery_conf
+from bidding.config import celery_conf
 
-BROKER = os.environ.get("BIDDING_IT_BROKER", "redis://127.0.0.1:6379/11")
+_DB = int(os.environ.get("BIDDING_TEST_REDIS_DB", "11"))
+BROKER = os.environ.get("BIDDING_IT_BROKER", f"redis://127.0.0.1:6379/{_DB}")
 BACKEND = os.environ.get("BIDDING_IT_BACKEND", BROKER)
 #: Where task bodies count their executions (a separate Redis db from the broker's).
-COUNTERS = os.environ.get("BIDDING_IT_COUNTERS", "redis://127.0.0.1:6379/12")
+COUNTERS = os.environ.get("BIDDING_IT_COUNTERS", f"redis://127.0.0.1:6379/{_DB + 1}")
 
 app = Celery("bidding_it")
 app.conf.update(
@@ -25,6 +26,16 @@ app.conf.update(
     bidding_window=float(os.environ.get("BIDDING_IT_WINDOW", "1.0")),
 )
 bidding.install(app)
+
+
+class PreferredOnly:
+    """A strategy that awards only the preferred node's bid (tests that need one node)."""
+
+    def select(self, bids: Any, rfp: Any, capabilities: Any) -> Any:
+        return next((b for b in bids if b.node == rfp.preferred_node), None)
+
+
+bidding.register_strategy("preferred_only", PreferredOnly)
 
 _counters: redis.Redis | None = None
 

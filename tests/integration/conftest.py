@@ -19,18 +19,18 @@ import redis
 import sqlalchemy as sa
 from celery import Celery
 
-from bidding.config import Settings
-from bidding.federation import Federation
-from bidding.profile import NodeProfile
-from bidding.registry import heartbeat, invalidate_cache, mark_offline
-from bidding.settings import get_settings, reset_settings
+from bidding.config import Settings, get_settings, reset_settings
+from bidding.nodes.federation import Federation
+from bidding.nodes.heartbeat import heartbeat, mark_offline
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import invalidate_cache
 from bidding.store import dispose_all, upgrade
 from bidding.store.migrate import forget_schema_checks
-from tests.conftest import POSTGRES_URL, REDIS_URL, require
+from tests.conftest import POSTGRES_URL, REDIS_DB, REDIS_URL, require
 
 ROOT = Path(__file__).resolve().parents[2]
-BROKER = f"{REDIS_URL}/11"
-COUNTERS = f"{REDIS_URL}/12"
+BROKER = f"{REDIS_URL}/{REDIS_DB}"
+COUNTERS = f"{REDIS_URL}/{REDIS_DB + 1}"
 NODES = {
     "north": ["shared", "alpha"],
     "south": ["shared", "alpha"],

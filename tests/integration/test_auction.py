@@ -12,12 +12,13 @@ from celery.result import AsyncResult
 from sqlalchemy import func, insert, select
 
 import bidding
-from bidding.announce import build_announcement, row_values
-from bidding.award import close_auction
-from bidding.bid import NodeHistory, compute_bid
-from bidding.board import RedisBoard, get_board
-from bidding.profile import NodeProfile
-from bidding.proxy import PROXY_CLOSE
+from bidding.auction.announce import row_values
+from bidding.auction.announcement import build_announcement
+from bidding.auction.bid import NodeHistory, compute_bid
+from bidding.auction.board import RedisBoard, get_board
+from bidding.auction.close import close_auction
+from bidding.auction.proxy import PROXY_CLOSE
+from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement, Message
 from tests.integration.app import failing, gpu, phantom, shared
@@ -289,3 +290,26 @@ def test_one_call_can_be_bid_by_proxy_where_the_default_is_to_ask(cluster: Clust
     # then the first was closed by proxy bids and the second by the nodes' answers
     assert bidding.explain(proxied_call.id, app=cluster.app).closed_by == PROXY_CLOSE
     assert bidding.explain(asked_call.id, app=cluster.app).closed_by != PROXY_CLOSE
+
+
+def test_nodes_refuse_a_strategy_path_they_do_not_allow(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a caller that allows a strategy by dotted path, and nodes that do not
+    from bidding.config import reset_settings
+
+    path = "bidding.strategies.builtins:Composite"
+    monkeypatch.setenv("BIDDING_ALLOWED_STRATEGIES", path)
+    reset_settings(cluster.app)
+    try:
+        result = shared.apply_async((1,), bidding={"strategy": path})
+    finally:
+        monkeypatch.delenv("BIDDING_ALLOWED_STRATEGIES")
+        reset_settings(cluster.app)
+    # when the nodes close the auction, then the one that awards refuses to import it, and
+    # the caller learns why instead of waiting
+    with pytest.raises(bidding.NoBidsError, match="not allowed here"):
+        result.get(timeout=15)
+    assert cluster.executions(result.id) == 0
+    # (a registered name stays allowed everywhere)
+    assert shared.apply_async((2,), bidding={"strategy": "composite"}).get(timeout=15)["value"] == 2

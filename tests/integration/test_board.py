@@ -10,13 +10,13 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from bidding.board import RedisBoard
+from bidding.auction.board import RedisBoard
 from bidding.models import Bid, Refusal
-from tests.conftest import REDIS_URL, require
+from tests.conftest import REDIS_DB, REDIS_URL, require
 
 pytestmark = pytest.mark.integration
 
-URL = f"{REDIS_URL}/14"
+URL = f"{REDIS_URL}/{REDIS_DB + 3}"
 
 
 @pytest.fixture

@@ -19,13 +19,14 @@ from kombu import Connection
 from sqlalchemy import select
 
 import bidding
-from bidding.award import send_execution
-from bidding.board import RedisBoard, get_board
-from bidding.consumer import RequestListener, answer, request_queue
-from bidding.federation import free_port
+from bidding.auction.board import RedisBoard, get_board
+from bidding.auction.consumer import RequestListener, answer, request_queue
+from bidding.execution.dispatch import send_execution
 from bidding.models import Announcement as Spec
-from bidding.profile import NodeProfile
-from bidding.registry import heartbeat, invalidate_cache
+from bidding.nodes.embedded import free_port
+from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import invalidate_cache
 from bidding.store import read_session
 from bidding.store.schema import Announcement, Episode, LedgerEntry, Message, Node
 from tests.integration.app import (

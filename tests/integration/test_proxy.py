@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import select
 
 import bidding
-from bidding import award, scoring
-from bidding.proxy import PROXY_CLOSE
-from bidding.settings import reset_settings
+from bidding.auction import award, scores
+from bidding.auction.proxy import PROXY_CLOSE
+from bidding.config import reset_settings
 from bidding.store import read_session
 from bidding.store.schema import Message
 from tests.integration.app import flaky, ghostly, gpu, shared
@@ -100,8 +100,8 @@ def test_proxy_bids_count_the_work_a_node_has_in_flight(proxied: Cluster) -> Non
     second.get(timeout=15)
     # then the busy node's bid has the load of one task in flight of 4, the others none
     bids = {b.node: b for b in bidding.explain(second.id, app=proxied.app).bids}
-    assert bids[busy].load == scoring.load_score(1, 4) < scoring.load_score(0, 4)
-    assert all(b.load == scoring.load_score(0, 4) for node, b in bids.items() if node != busy)
+    assert bids[busy].load == scores.load_score(1, 4) < scores.load_score(0, 4)
+    assert all(b.load == scores.load_score(0, 4) for node, b in bids.items() if node != busy)
     long.get(timeout=15)
 
 
@@ -179,8 +179,10 @@ def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     proxied: Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a caller that dies, as far as this task goes, between committing its award and
-    # sending it (the message is never sent), with a delivery check after 1 s
+    # sending it (the message is never sent), with a delivery check after 1 s and no
+    # schedule-to-start timeout
     monkeypatch.setenv("BIDDING_DELIVERY_CHECK_SECONDS", "1")
+    monkeypatch.setenv("BIDDING_SCHEDULE_TO_START_TIMEOUT", "0")
     reset_settings(proxied.app)
     monkeypatch.setattr(award, "send_execution", lambda *_, **__: None)
     try:

@@ -14,14 +14,14 @@ import pytest
 from kombu import Connection
 
 import bidding
-from tests.conftest import require
+from tests.conftest import REDIS_DB, require
 from tests.integration.app import gpu, shared
 from tests.integration.conftest import COUNTERS, NODES, Cluster, running_cluster
 
 pytestmark = pytest.mark.integration
 
 AMQP_URL = os.environ.get("BIDDING_TEST_AMQP", "amqp://guest:guest@127.0.0.1:5672//")
-BACKEND = COUNTERS.rsplit("/", 1)[0] + "/13"
+BACKEND = COUNTERS.rsplit("/", 1)[0] + f"/{REDIS_DB + 2}"
 
 
 @pytest.fixture(scope="module")

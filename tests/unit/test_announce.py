@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from bidding.announce import build_announcement, check_options, prior_score, select_candidates
+from bidding.auction.announcement import build_announcement, check_options
+from bidding.auction.candidates import prior_score, select_candidates
+from bidding.auction.scores import learned_trust
 from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError, UnknownStrategyError
 from bidding.models import OPTION_KEYS, Announcement, Bid
-from bidding.registry import LiveNode
-from bidding.scoring import learned_trust
+from bidding.nodes.registry import LiveNode
 from bidding.strategies import NodeCapability, WeightedScore
 
 # --- helpers -------------------------------------------------------------------------------
@@ -364,12 +365,16 @@ def test_unknown_strategy_from_settings_is_refused_too():
 
 
 def test_strategy_object_is_recorded_by_its_name():
-    # given strategy objects: a registered built-in and an importable custom class
+    # given strategy objects: a registered built-in and an importable custom class, whose
+    # path the callers and nodes allow (bidding_allowed_strategies)
+    path = "tests.unit.test_announce:ModuleLevelStrategy"
     # then each is recorded as a name a worker can resolve
     assert build(options={"strategy": WeightedScore()}).strategy == "weighted"
-    assert build(options={"strategy": ModuleLevelStrategy}).strategy == (
-        "tests.unit.test_announce:ModuleLevelStrategy"
-    )
+    assert build(options={"strategy": ModuleLevelStrategy},
+                 conf=settings(allowed_strategies=[path])).strategy == path
+    # and without that allowance the caller refuses it at once, saying how to allow it
+    with pytest.raises(ConfigurationError, match="bidding_allowed_strategies"):
+        build(options={"strategy": ModuleLevelStrategy})
 
 
 def test_strategy_that_a_worker_cannot_import_is_refused():
@@ -419,6 +424,8 @@ def test_the_announcers_schedule_to_start_timeout_is_kept_with_the_task():
     rfp = build(conf=settings(schedule_to_start_timeout=30.0))
     # then the task carries it, so the sweepers that watch it go by the same limit
     assert rfp.schedule_to_start_timeout == 30.0
-    # and without a default it has none, unless the call gives one
-    assert build().schedule_to_start_timeout is None
+    # and the library's default is a finite 60 s (a winner that never starts does not keep
+    # the task for ever); an announcer set to 0 gives none, unless the call gives one
+    assert build().schedule_to_start_timeout == 60.0
+    assert build(conf=settings(schedule_to_start_timeout=0)).schedule_to_start_timeout is None
     assert build(options={"schedule_to_start_timeout": 5}).schedule_to_start_timeout == 5

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from bidding.award import decide, fallback_node, ineligibility, refresh_loads
+from bidding.auction.decision import decide, fallback_node, ineligibility, refresh_loads
 from bidding.models import Announcement, Bid, Refusal
-from bidding.registry import LiveNode
+from bidding.nodes.registry import LiveNode
 from bidding.strategies import (
     AgentJudgment,
     Judgment,

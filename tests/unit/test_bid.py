@@ -10,19 +10,14 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session
 
-from bidding import lifecycle, scoring
-from bidding.bid import (
-    NodeHistory,
-    cached_history,
-    compute_bid,
-    forget_history,
-    gather_history,
-    refusal_reason,
-)
+from bidding.auction import scores as scoring
+from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
+from bidding.auction.history import cached_history, forget_history, gather_history
 from bidding.config import Settings, load_settings
-from bidding.execution import count_episode
+from bidding.execution.episodes import count_episode
+from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Bid, Refusal
-from bidding.profile import NodeProfile
+from bidding.nodes.profile import NodeProfile
 from bidding.store import write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, Node

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
-from bidding.board import RedisBoard, StoreBoard, get_board, redis_url
+from bidding.auction.board import RedisBoard, StoreBoard, get_board, redis_url
 from bidding.config import load_settings
 from bidding.errors import ConfigurationError
 

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from bidding.award import send_execution
-from bidding.canvas import caller_request, canvas_of, fail_caller, message_options
+from bidding.config import Settings
 from bidding.errors import ConfigurationError, NoBidsError
+from bidding.execution.canvas import caller_request, canvas_of, message_options
+from bidding.execution.dispatch import send_execution
+from bidding.execution.report import fail_caller
 from bidding.models import Announcement
 
 
@@ -86,7 +88,7 @@ def test_the_execution_message_carries_the_canvas(app: Celery,
 
 
 def test_a_failure_no_worker_saw_reaches_the_errbacks_and_the_chain(
-        app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+        app: Celery, monkeypatch: pytest.MonkeyPatch, store_url: str) -> None:
     # given a task with an errback and a chain after it, that fails before any attempt ran
     nxt = app.tasks["t.next"]
     rfp = Announcement(task_id="t1", task_name="t.work", task_type="w",
@@ -103,7 +105,7 @@ def test_a_failure_no_worker_saw_reaches_the_errbacks_and_the_chain(
     monkeypatch.setattr(app.backend, "_fail_chain", fail_chain)
     error = NoBidsError("No bids received")
     # when the caller's result is failed
-    fail_caller(app, rfp, error)
+    fail_caller(app, Settings(database_url=store_url), rfp, error)
     # then the result backend stored it and handed the errbacks and chain the failure
     assert app.AsyncResult("t1").state == "FAILURE"
     assert seen["errbacks"] == ("t1", rfp.canvas.errbacks, error)

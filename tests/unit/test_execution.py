@@ -10,16 +10,19 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from bidding import execution, journal, lifecycle
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError
+from bidding.execution import attempt as execution
+from bidding.lifecycle import journal
+from bidding.lifecycle import states as lifecycle
+from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, RetryPolicy
-from bidding.profile import NodeProfile
-from bidding.registry import heartbeat, query_live_nodes
+from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, LedgerEntry, Message
-from bidding.transition import transition
 
 NODE = "n1"
 PRICE = 0.5

@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from bidding.lifecycle import (
+from bidding.lifecycle.states import (
     ALLOWED,
     ASSIGNED,
     BIDDING,

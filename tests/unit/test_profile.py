@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bidding.errors import ConfigurationError, ProfileError
-from bidding.profile import NodeProfile, bid_queue, exec_queue, load_profile
+from bidding.nodes.profile import NodeProfile, bid_queue, exec_queue, load_profile
 
 WORKERS = Path(__file__).resolve().parents[2] / "workers"
 

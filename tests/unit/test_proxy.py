@@ -7,20 +7,20 @@ from contextlib import contextmanager
 
 import pytest
 
-from bidding import award as award_module
-from bidding import lifecycle
-from bidding.award import award_answers, count_in_flight
-from bidding.bid import (
-    NodeHistory,
-    compute_bid,
+from bidding.auction import award as award_module
+from bidding.auction.award import award_answers
+from bidding.auction.bid import NodeHistory, compute_bid
+from bidding.auction.history import (
+    count_in_flight,
     forget_history,
     gather_histories,
     gather_history,
 )
+from bidding.auction.proxy import answers_inside, profile_of, proxy_answers
+from bidding.lifecycle import states as lifecycle
 from bidding.models import Bid, Refusal
-from bidding.profile import NodeProfile
-from bidding.proxy import answers_inside, profile_of, proxy_answers
-from bidding.registry import LiveNode
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import LiveNode
 from bidding.store import read_session, write_session
 from bidding.strategies import STRATEGIES, AgentJudgment, decides_at_once, resolve_strategy
 from tests.unit.test_bid import NOW, announcement, episode, make_rfp, record, store_settings

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from bidding.config import load_settings
-from bidding.profile import NodeProfile
-from bidding.registry import beat, heartbeat, mark_offline, query_live_nodes
+from bidding.nodes.heartbeat import beat, heartbeat, mark_offline
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import query_live_nodes
 
 PROFILE = NodeProfile(name="redfin", capabilities=["pdf"], capacity=2, price_per_unit=0.01,
                       latency_ms=30, trust=80)
@@ -52,7 +53,7 @@ def test_a_node_marked_offline_comes_back_online_with_its_next_beat(store_url: s
 
 
 def test_a_store_that_fails_at_start_does_not_stop_the_node(tmp_path, caplog) -> None:
-    from bidding.registry import Heartbeat
+    from bidding.nodes.heartbeat import Heartbeat
 
     # given a store the node cannot write to (as when it stays locked past the lock timeout)
     settings = load_settings({"bidding_database_url": f"sqlite:///{tmp_path}/no/such/dir/s.db",

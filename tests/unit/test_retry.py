@@ -7,11 +7,10 @@ import random
 import pytest
 from celery.exceptions import SoftTimeLimitExceeded
 
-from bidding.award import ineligibility
+from bidding.auction.decision import ineligibility
 from bidding.errors import ConfigurationError
-from bidding.execution import plan_retry
+from bidding.execution.retry import compute_delay, is_retryable, plan_retry, schedule
 from bidding.models import Announcement, Bid, Fallbacks, RetryPolicy
-from bidding.retry import compute_delay, is_retryable, schedule
 
 NOW = 1_000_000.0
 
@@ -105,21 +104,21 @@ def test_no_retries_left_no_policy_or_deadline_passed_mean_failure() -> None:
 def test_a_timeout_is_retried_once_with_the_extended_limit_on_any_node() -> None:
     # given a 10 s soft limit and the default fallback (extend to 60 s)
     task = rfp(timeout_seconds=10, fallbacks=Fallbacks(extended_timeout_seconds=60))
-    plan = plan_retry(task, "north", SoftTimeLimitExceeded(), NOW)
+    plan = plan_retry(task, "north", SoftTimeLimitExceeded(), NOW, timed_out=True)
     # then the next attempt has 60 s, starts at once, and may go to any node
     assert plan.next is not None and plan.delay == 0.0
     assert plan.next.timeout_seconds == 60 and plan.next.exclude_nodes == []
     # and timing out again with the extended limit fails
-    again = plan_retry(plan.next, "south", SoftTimeLimitExceeded(), NOW)
+    again = plan_retry(plan.next, "south", SoftTimeLimitExceeded(), NOW, timed_out=True)
     assert again.next is None and "extended timeout" in again.why
 
 
 def test_on_timeout_fail_and_retry() -> None:
     fail = rfp(timeout_seconds=1, fallbacks=Fallbacks(on_timeout="fail"),
                retry_policy=RetryPolicy(max_retries=3))
-    assert plan_retry(fail, "n", SoftTimeLimitExceeded(), NOW).next is None
+    assert plan_retry(fail, "n", SoftTimeLimitExceeded(), NOW, timed_out=True).next is None
     retry = fail.model_copy(update={"fallbacks": Fallbacks(on_timeout="retry")})
-    plan = plan_retry(retry, "n", SoftTimeLimitExceeded(), NOW)
+    plan = plan_retry(retry, "n", SoftTimeLimitExceeded(), NOW, timed_out=True)
     assert plan.next is not None and plan.next.timeout_seconds == 1 and plan.delay == 1.0
 
 

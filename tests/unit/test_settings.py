@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from celery import Celery
 
+from bidding.config import check_json_only, get_settings, reset_settings
 from bidding.errors import ConfigurationError
-from bidding.settings import check_json_only, get_settings, reset_settings
 
 
 def make_app(**conf: object) -> Celery:
@@ -62,7 +62,7 @@ def test_a_misspelt_setting_is_refused_with_the_valid_names() -> None:
 
 def test_celery_conf_is_accepted_by_the_json_only_check() -> None:
     # given an app configured with bidding's recommended Celery settings
-    from bidding.settings import celery_conf
+    from bidding.config import celery_conf
 
     app = Celery("t", set_as_current=False)
     app.conf.update(celery_conf("memory://", "cache+memory://"))

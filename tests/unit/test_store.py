@@ -13,7 +13,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, select, text
 
-from bidding.stats import percentile
+from bidding.observe.stats import percentile
 from bidding.store import (
     dispose_all,
     ensure_schema,
@@ -26,7 +26,7 @@ from bidding.store import (
 from bidding.store.schema import Base, Node
 
 TABLES = {"bidding_nodes", "bidding_announcements", "bidding_bids", "bidding_episodes",
-          "bidding_messages", "bidding_ledger"}
+          "bidding_messages", "bidding_ledger", "bidding_workers"}
 
 
 def schema_diff(url: str) -> list:

@@ -41,6 +41,7 @@ from bidding.strategies import (
     llm_judge,
     register_strategy,
     resolve_strategy,
+    resolver,
     run_select,
     strategy_name,
 )
@@ -703,7 +704,7 @@ def test_resolve_path_to_non_strategy_is_a_configuration_error():
 
 def test_register_strategy_adds_a_name(monkeypatch):
     # given a private copy of the registry (so no other test sees the new name)
-    monkeypatch.setattr(strategies, "STRATEGIES", dict(strategies.STRATEGIES))
+    monkeypatch.setattr(resolver, "STRATEGIES", dict(resolver.STRATEGIES))
     with pytest.raises(UnknownStrategyError):
         resolve_strategy("cost_aware")
     # when a factory is registered under "cost_aware"

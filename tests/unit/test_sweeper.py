@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from bidding import sweeper
+from bidding.auction import sweeper
 from bidding.config import load_settings
 
 

@@ -10,11 +10,15 @@ import pytest
 from celery import Celery
 from sqlalchemy import select, update
 
-from bidding import award, journal, lifecycle, sweeper
+from bidding.auction import award
+from bidding.auction import watchdog as sweeper
 from bidding.config import Settings
+from bidding.execution import dispatch
+from bidding.lifecycle import journal
+from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Award
-from bidding.profile import NodeProfile
-from bidding.registry import heartbeat
+from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode
@@ -57,7 +61,7 @@ def undelivered(settings: Settings) -> Announcement:
     """A task awarded to live ``NODE`` whose send failed (SEND_FAILED, due now)."""
     live_node(settings)
     rfp = assigned(settings)
-    award.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
+    dispatch.mark_undelivered(settings, rfp, NODE, ConnectionError("broker down"))
     return rfp
 
 
@@ -173,10 +177,11 @@ def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
 def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     settings: Settings, broker: Broker, app: Celery,
 ) -> None:
-    # given a task awarded to a live node, with no schedule-to-start timeout, whose message
-    # never went out (the process that awarded it died before sending)
+    # given a task awarded to a live node, with no schedule-to-start timeout (the announcer's
+    # is 0), whose message never went out (the process that awarded it died before sending)
+    settings = settings.model_copy(update={"schedule_to_start_timeout": 0.0})
     rfp = assigned(settings)
-    won = award.delivery_due(settings, rfp, rfp.announced_at)
+    won = dispatch.delivery_due(settings, rfp, rfp.announced_at)
     assert won == rfp.announced_at + settings.delivery_check_seconds
     broker.up = True
     later = rfp.announced_at + settings.delivery_check_seconds + 1
@@ -192,10 +197,10 @@ def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, NODE)
     # and its delivery is checked again later: after a minute, or as long as it has waited
     assert found.due_at is not None and found.due_at >= time.time() + 59
-    assert award.delivery_due(settings, rfp, 1000.0, waited=300.0) == 1300.0
+    assert dispatch.delivery_due(settings, rfp, 1000.0, waited=300.0) == 1300.0
     # (with a schedule-to-start timeout, that deadline is the next look instead)
     timed = rfp.model_copy(update={"schedule_to_start_timeout": 5.0})
-    assert award.delivery_due(settings, timed, 1000.0, waited=300.0) == 1005.0
+    assert dispatch.delivery_due(settings, timed, 1000.0, waited=300.0) == 1005.0
     assert episodes(settings, rfp.task_id) == []
 
 

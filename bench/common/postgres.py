@@ -1,0 +1,33 @@
+"""A scratch PostgreSQL database for one benchmark run, dropped afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Iterator
+
+import sqlalchemy as sa
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
+    """A new, empty database ``<prefix>_<hex>`` on ``server_url``'s server; yields its URL.
+
+    It is dropped on exit (``WITH (FORCE)``: a worker the benchmark failed to stop must not
+    keep it alive), after the process's own engines are disposed of.
+    """
+    # Imported here: bench/latency.py puts the benchmarked bidding on sys.path after start-up.
+    from bidding.store.engine import dispose_all, normalize_url
+
+    admin_url = sa.engine.make_url(normalize_url(server_url))
+    name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        dispose_all()
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

@@ -1,0 +1,80 @@
+"""A production auction in the simulation: who is asked, their bids, fresh loads, ``decide``.
+
+Every step calls the PRODUCTION code (modules of ``bidding``):
+``auction.candidates.select_candidates`` (who is asked), ``auction.bid.compute_bid`` (each node's
+bid from its profile and a ``NodeHistory`` built as ``auction.history.gather_history`` builds it
+from the store), ``auction.decision.refresh_loads`` and ``auction.decision.decide`` with the
+strategy from ``strategies.resolve_strategy``.
+Nothing of their formulas is copied here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench.simulation.sim import Sim
+from bench.simulation.tasks import Task
+from bidding.auction.bid import NodeHistory, compute_bid
+from bidding.auction.candidates import select_candidates
+from bidding.auction.decision import decide, refresh_loads
+from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import LiveNode
+from bidding.strategies import SelectionStrategy, resolve_strategy, strategy_name
+
+#: A node's answer to an announcement: ``compute_bid``, or a proposal's variant of it.
+BidFn = Callable[[Announcement, NodeProfile, NodeHistory, float], Bid | Refusal]
+
+
+@dataclass
+class Auction:
+    """A production auction: candidates, bids, fresh loads, then ``decide`` with a strategy."""
+
+    #: A registered strategy name, or a strategy class (the proposals), as resolve_strategy takes.
+    strategy_spec: str | type
+    bid_fn: BidFn = compute_bid
+    #: ``bidding_candidate_cap`` (None: the production default; 0: ask every eligible node).
+    cap: int | None = None
+    #: Resolved per run, its tie-break rng seeded, so that a run is reproducible.
+    strategy: SelectionStrategy | None = None
+
+    def reset(self, seed: int) -> None:
+        """A fresh strategy for a new run, its tie-breaks drawn from ``seed``."""
+        self.strategy = resolve_strategy(self.strategy_spec)
+        if hasattr(self.strategy, "rng"):
+            self.strategy.rng = random.Random(seed)
+
+    def __call__(self, sim: Sim, task: Task, now: float) -> str | None:
+        assert self.strategy is not None
+        rfp = Announcement(task_id=f"t{task.idx}", task_name="sim.work", task_type=task.task_type,
+                           content=task.content, required_skills=list(task.skills),
+                           strategy=strategy_name(self.strategy), announced_at=now,
+                           **({} if self.cap is None else {"candidate_cap": self.cap}))
+        # The registry lists live nodes ordered by name.
+        live = sorted((_live(sim.specs[n].profile, now, sim.attempts[n], sim.successes[n])
+                       for n in sim.present),
+                      key=lambda n: n.name)
+        candidates = select_candidates(rfp, live, sim.rng)
+        bids: list[Bid] = []
+        refusals: list[Refusal] = []
+        for name in candidates:
+            answer = self.bid_fn(rfp, sim.specs[name].profile,
+                                 sim.history(name, task.task_type, now), now)
+            if isinstance(answer, Bid):
+                bids.append(answer)
+            else:
+                refusals.append(answer)
+        bids = refresh_loads(bids, {b.node: sim.in_flight(b.node) for b in bids})
+        award = decide(rfp, bids, refusals, self.strategy, closed_by="all bids in",
+                       candidates=len(candidates))
+        return award.winner
+
+
+def _live(profile: NodeProfile, now: float, attempts: int, successes: int) -> LiveNode:
+    """The node as ``registry.query_live_nodes`` lists it, record included."""
+    return LiveNode(name=profile.name, capabilities=tuple(profile.capabilities),
+                    capacity=profile.capacity, price_per_unit=profile.price_per_unit,
+                    latency_ms=profile.latency_ms, trust=profile.trust, last_heartbeat=now,
+                    attempts=attempts, successes=successes)

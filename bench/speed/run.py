@@ -1,0 +1,81 @@
+"""One backend's whole run: set-up, quiet baseline, each node count, idle cost."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import time
+import traceback
+from typing import Any
+
+from bench.common.log import log
+from bench.speed.backend import Backend
+from bench.speed.measure import (
+    idle_cost,
+    log_plain,
+    measure_auction_burst,
+    measure_auctions,
+    measure_plain,
+)
+from bench.speed.options import bid_modes, int_list
+from bench.speed.profiling import profile
+from bench.speed.trace import control
+
+
+def run_backend(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    """Measure ``args.backend`` into ``res``; every process it started is stopped at the end."""
+    with contextlib.ExitStack() as stack:
+        backend = Backend(args, res)
+        backend.start(stack)
+        res["plain_quiet"] = measure_plain(backend, burst=True)
+        log_plain(res["plain_quiet"])
+        res["steps"] = []
+        for n in sorted(set(int_list(args.nodes))):
+            step = run_step(backend, n)
+            res["steps"].append(step)
+            if step.get("skipped"):
+                break
+        res["idle"] = idle_cost(backend)
+
+
+def run_step(backend: Backend, n: int) -> dict[str, Any]:
+    """At ``n`` nodes: the plain baseline, each bid mode's auctions (and burst), the profile."""
+    from bidding.nodes.registry import invalidate_cache
+
+    args = backend.args
+    step: dict[str, Any] = {"nodes": n, **backend.add_nodes(n)}
+    if step.get("skipped"):
+        return step
+    # The caller caches the live nodes; the ones just started must be seen at once.
+    invalidate_cache()
+    step["plain"] = measure_plain(backend, burst=n in int_list(args.burst_nodes))
+    log_plain(step["plain"])
+    step["modes"] = {}
+    for mode in bid_modes(args.bid_modes):
+        backend.set_bid_mode(mode)
+        step["modes"][mode] = m = {"auction": measure_auctions(backend)}
+        a = m["auction"]
+        log(f"{n} nodes, {mode}: auction e2e p50 {a['e2e']['p50']:.1f} ms, p99 "
+            f"{a['e2e']['p99']:.1f} ms; assignment p50 {a['assign']['p50']:.1f} ms; "
+            f"{a['failures']} failed")
+        if n in int_list(args.burst_nodes):
+            log(f"{n} nodes, {mode}: burst of {args.burst} auctions")
+            m["burst"] = b = measure_auction_burst(backend)
+            log(f"{n} nodes, {mode}: {b['per_s']:.1f} auctions/s (submitted at "
+                f"{b['submit_per_s']:.0f}/s); {b['failures']} failed; closed by "
+                f"{b['closed_by']}")
+    if n in int_list(args.profile_nodes):
+        step["profile_mode"] = backend.settings.bid_mode
+        log(f"{n} nodes: profiling {args.profile_samples} auctions "
+            f"({backend.settings.bid_mode})")
+        try:
+            step["profile"] = profile(backend, n)
+        except Exception as exc:  # a profiler problem must not lose the measurements
+            traceback.print_exc()
+            step["profile_error"] = f"{type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):
+                from bench import phases
+
+                phases.uninstall()
+                control(backend.trace_dir, int(time.time()) % 10**9, "off")
+    return step

@@ -1,0 +1,244 @@
+"""Announcing a task: record it, pick its candidates, and ask them to bid (or bid for them).
+
+A new task is announced by its caller (``announce``); a scheduled start, a retry after its
+backoff and a deferred task are announced by a sweeper when they come due (``announce_due``).
+With no capable live node the task is deferred or escalated, as its fallbacks say.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from celery import Celery
+from celery.result import AsyncResult
+from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy.orm import Session
+
+from bidding.auction.award import route_award, strategy_of
+from bidding.auction.board import get_board
+from bidding.auction.candidates import select_candidates
+from bidding.auction.close import close_auction
+from bidding.auction.consumer import request_bids
+from bidding.auction.proxy import award_by_proxy
+from bidding.config import Settings
+from bidding.errors import EscalatedError, NoBidsError
+from bidding.execution.report import fail_caller
+from bidding.lifecycle import journal, states
+from bidding.lifecycle.transition import transition
+from bidding.models import Announcement
+from bidding.nodes.registry import LiveNode, live_nodes
+from bidding.store import ensure_schema, read_session, write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.strategies.protocol import decides_at_once
+
+logger = logging.getLogger(__name__)
+
+
+def announce(
+    app: Celery,
+    settings: Settings,
+    rfp: Announcement,
+    *,
+    delay: float = 0.0,
+    fresh_id: bool = False,
+) -> AsyncResult:
+    """Record ``rfp``, ask the candidates to bid (now, or after ``delay`` seconds), and return
+    the AsyncResult of its execution. ``fresh_id``: the task id was generated for this call
+    (not given by the caller), so no other auction can have it."""
+    if settings.auto_migrate:
+        ensure_schema(settings.database_url)
+    if delay > 0:
+        with write_session(settings.database_url) as session:
+            session.add(_row(rfp, states.PENDING, [], due_at=rfp.announced_at + delay))
+            journal.record(session, rfp.task_id, journal.SCHEDULED, attempt=rfp.attempt,
+                           at=rfp.announced_at, task_type=rfp.task_type, delay_s=delay)
+    else:
+        open_auction(app, settings, rfp, new=True, fresh_id=fresh_id)
+    return AsyncResult(rfp.task_id, app=app)
+
+
+def row_values(rfp: Announcement, state: str, candidates: list[str], *,
+               due_at: float | None = None) -> dict[str, Any]:
+    """The announcements-table columns of ``rfp`` in ``state``."""
+    return {
+        "task_id": rfp.task_id, "task_name": rfp.task_name, "task_type": rfp.task_type,
+        "content": rfp.content, "required_skills": rfp.required_skills,
+        "preferred_node": rfp.preferred_node, "priority": rfp.priority,
+        "deadline": rfp.deadline, "budget": rfp.budget, "strategy": rfp.strategy,
+        "spec": rfp.model_dump(mode="json"), "state": state, "attempt": rfp.attempt,
+        "candidates": candidates, "expected_bids": len(candidates),
+        "announced_at": rfp.announced_at, "closes_at": rfp.announced_at + rfp.window,
+        "due_at": due_at,
+    }
+
+
+def _row(rfp: Announcement, state: str, candidates: list[str], *,
+         due_at: float | None = None) -> AnnouncementRow:
+    return AnnouncementRow(**row_values(rfp, state, candidates, due_at=due_at))
+
+
+_INSERT_ANNOUNCEMENT = insert(cast(Table, AnnouncementRow.__table__))
+
+
+def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: bool,
+                 fresh_id: bool = False) -> bool:
+    """Start the auction of ``rfp`` (a new task, or a due retry, deferral or scheduled start).
+
+    With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
+    once with the no-bid outcome. False when a due task was already taken by another sweeper.
+    """
+    live = live_nodes(settings)
+    candidates = select_candidates(rfp, live)
+    proxy = (rfp.bid_mode or settings.bid_mode) == "proxy" and bool(candidates)
+    if proxy and new and decides_at_once(strategy_of(settings, rfp)):
+        # The announcement, its bids and its award in one transaction.
+        if _award_by_proxy(app, settings, rfp, live, candidates,
+                           opening=lambda session: _record_new(session, rfp, candidates)):
+            return True
+        proxy = False  # nothing was written: announce as usual, asking the candidates
+    defer = (not candidates and rfp.fallbacks.on_capability_unavailable == "defer"
+             and (rfp.deadline is None or rfp.deadline > time.time()))
+    # A new auction on the Redis board asks for bids before its row is written: the answers go
+    # to the board, not the store, and the award waits for the row (close_auction). The row's
+    # insert then overlaps the bidding instead of delaying it.
+    # Only for an id generated for this call: a caller's own id may belong to an existing task,
+    # whose open auction must not receive answers meant for this one.
+    early = (not proxy and new and fresh_id and bool(candidates)
+             and get_board(settings, app).writes_on_award)
+    if early:
+        request_bids(settings, app, rfp, candidates)
+    deferred: bool | str = False
+    with write_session(settings.database_url) as session:
+        if defer:
+            deferred = _defer(session, rfp, new=new)
+            if not deferred:
+                return False
+        elif new:
+            _record_new(session, rfp, candidates)
+        elif not transition(
+            session, rfp.task_id, states.BIDDING, kind=journal.ANNOUNCED,
+            from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
+            detail={"task_type": rfp.task_type, "candidates": candidates},
+            spec=rfp.model_dump(mode="json"), candidates=candidates,
+            expected_bids=len(candidates), bids_received=0, due_at=None,
+            closes_at=rfp.announced_at + rfp.window, assigned_node=None, awarded_at=None,
+        ):
+            return False
+    if defer:
+        if isinstance(deferred, str):
+            # After the commit: errbacks may run here, and must not hold the write lock.
+            escalate(app, settings, rfp, deferred)
+        return True
+    if not candidates:
+        close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
+    elif proxy:
+        if not _award_by_proxy(app, settings, rfp, live, candidates):
+            request_bids(settings, app, rfp, candidates)
+    elif not early:
+        request_bids(settings, app, rfp, candidates)
+    return True
+
+
+def _record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:
+    """Write a new announcement, open for bids, and its ANNOUNCED message."""
+    # Core statements: the caller's path is the hottest in a burst.
+    session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, states.BIDDING, candidates))
+    journal.write(session, [journal.message(
+        rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
+        task_type=rfp.task_type, candidates=candidates, required_skills=rfp.required_skills)])
+
+
+def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
+                    live: Sequence[LiveNode], candidates: Sequence[str],
+                    opening: Callable[[Session], None] | None = None) -> bool:
+    """Bid for the candidates and award now (``proxy``), then route the award. False,
+    with the error logged, when no award could be committed: the caller then asks the
+    candidates, so the auction still runs."""
+    by_name = {node.name: node for node in live}
+    try:
+        award = award_by_proxy(settings, app, rfp, [by_name[name] for name in candidates],
+                               opening)
+    except Exception:
+        logger.exception("proxy bids for %s failed; asking the candidates instead", rfp.task_id)
+        return False
+    if award is not None:
+        route_award(app, settings, rfp, award)
+    return True
+
+
+def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
+    """No live node can do ``rfp``: announce it again later, or escalate after too many tries
+    (then the reason is returned: the caller escalates once the transaction has committed)."""
+    fb = rfp.fallbacks
+    now = time.time()
+    if rfp.deferrals >= fb.max_deferrals:
+        reason = (f"deferred {rfp.deferrals} times: no live node offers "
+                  f"{', '.join(rfp.required_skills) or 'any skill'}")
+        if new:  # pragma: no cover - max_deferrals >= 1, so a new task always defers first
+            session.add(_row(rfp, states.DEFERRED, []))
+        if not transition(session, rfp.task_id, states.ESCALATED, kind=journal.ESCALATED,
+                          from_states=(states.DEFERRED,), detail={"reason": reason},
+                          error=reason, finished_at=now, due_at=None):
+            return False
+        return reason
+    later = rfp.model_copy(update={"deferrals": rfp.deferrals + 1})
+    due = now + fb.defer_seconds
+    detail: dict[str, Any] = {
+        "reason": "no live node offers " + (", ".join(rfp.required_skills) or "any skill"),
+        "retry_in_s": fb.defer_seconds, "deferrals": later.deferrals}
+    if new:
+        session.add(_row(later, states.DEFERRED, [], due_at=due))
+        journal.record(session, rfp.task_id, journal.DEFERRED, attempt=rfp.attempt, at=now,
+                       **detail)
+        return True
+    return transition(session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
+                      from_states=states.DUE_STATES, expect_attempt=rfp.attempt, detail=detail,
+                      spec=later.model_dump(mode="json"), due_at=due)
+
+
+def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) -> None:
+    """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
+    from bidding.signals import notify, task_escalated
+
+    fail_caller(app, settings, rfp, EscalatedError(reason))
+    notify(settings, task_escalated, "task_escalated", task_id=rfp.task_id, reason=reason)
+
+
+_DUE = (
+    select(AnnouncementRow.spec)
+    .where(AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
+           AnnouncementRow.due_at <= bindparam("now"))
+    .order_by(AnnouncementRow.due_at)
+    .limit(bindparam("limit"))
+)
+
+
+def announce_due(settings: Settings, app: Celery, now: float | None = None,
+                 limit: int = 100) -> int:
+    """Announce every task whose scheduled start, retry backoff or deferral has come."""
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        due = session.execute(_DUE, {"now": now, "limit": limit}).scalars().all()
+    opened = 0
+    for spec in due:
+        rfp = Announcement.model_validate(spec).model_copy(update={"announced_at": now})
+        if rfp.deadline is not None and now > rfp.deadline:
+            _expire(settings, app, rfp)
+        elif open_auction(app, settings, rfp, new=False):
+            opened += 1
+    return opened
+
+
+def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
+    """A waiting task whose deadline passed is never started: FAILED."""
+    reason = "deadline passed before the task could start"
+    with write_session(settings.database_url) as session:
+        moved = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
+                           from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
+                           detail={"error": reason}, error=reason, finished_at=time.time(),
+                           due_at=None)
+    if moved:
+        fail_caller(app, settings, rfp, NoBidsError(reason))

@@ -1,0 +1,109 @@
+"""Building an announcement from a call: task-level defaults, call options and settings merged
+and validated at the boundary, so bad input fails in the caller's process with the field named.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from bidding.config import Settings
+from bidding.errors import ConfigurationError
+from bidding.models import OPTION_KEYS, Announcement, describe_validation
+from bidding.strategies.resolver import resolve_strategy, strategy_name
+
+if TYPE_CHECKING:
+    from celery import Task
+
+
+def check_options(options: Mapping[str, Any], where: str) -> None:
+    """Refuse unknown ``bidding={...}`` keys, naming them and listing the valid ones."""
+    unknown = sorted(set(options) - set(OPTION_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"{where}: unknown option(s) {', '.join(unknown)}; "
+            f"valid options: {', '.join(OPTION_KEYS)}"
+        )
+
+
+def _strategy_spec(value: Any, allowed: frozenset[str]) -> str:
+    """A strategy as a string that a worker can resolve (names and importable classes), and
+    may (a dotted path must be in ``allowed``, the ``bidding_allowed_strategies``)."""
+    if isinstance(value, str):
+        resolve_strategy(value, allowed)  # fail here, at the boundary, not later on a worker
+        return value
+    name = strategy_name(resolve_strategy(value))
+    try:
+        resolve_strategy(name)
+    except ConfigurationError:
+        raise ConfigurationError(
+            f"strategy: {value!r} cannot be rebuilt on a worker; register it with "
+            "bidding.register_strategy(name, factory) in your app module and pass the name"
+        ) from None
+    resolve_strategy(name, allowed)
+    return name
+
+
+def _skill_list(skills: Any) -> list[Any]:
+    """A single skill name counts as one skill, not as its letters."""
+    return [skills] if isinstance(skills, str) else list(skills)
+
+
+def arguments_json(task_name: str, args: Sequence[Any] | None,
+                   kwargs: Mapping[str, Any] | None) -> str:
+    """The JSON of a call's arguments; a clear error, naming the task, if JSON cannot carry
+    them (a new call, or ``self.retry(args=...)``)."""
+    try:
+        return json.dumps([list(args or ()), dict(kwargs or {})])
+    except (TypeError, ValueError) as exc:
+        raise ConfigurationError(
+            f"args/kwargs of {task_name}: not JSON serializable ({exc}); "
+            "celery-bidding sends JSON only"
+        ) from None
+
+
+def build_announcement(
+    task: Task,
+    settings: Settings,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any] | None,
+    options: Mapping[str, Any],
+    task_id: str | None = None,
+) -> Announcement:
+    """Merge task-level defaults, call options and settings into a validated announcement."""
+    check_options(options, "bidding")
+    args = list(args or ())
+    kwargs = dict(kwargs or {})
+    payload = arguments_json(task.name, args, kwargs)
+    merged: dict[str, Any] = {
+        "task_type": getattr(task, "task_type", None) or task.name.rsplit(".", 1)[-1],
+        "required_skills": _skill_list(getattr(task, "required_skills", None) or ()),
+        "strategy": settings.strategy,
+        "no_bid": settings.no_bid,
+        "window": settings.window,
+        "min_confidence": settings.min_confidence,
+        "min_trust": settings.min_trust,
+        "candidate_cap": settings.candidate_cap,
+        # Kept with the task: the sweepers that watch it go by the announcer's limit.
+        "schedule_to_start_timeout": settings.schedule_to_start_timeout or None,
+        "content": payload,
+    }
+    merged.update({k: v for k, v in options.items() if v is not None})
+    merged["strategy"] = _strategy_spec(merged["strategy"], settings.strategy_allowlist)
+    merged["required_skills"] = _skill_list(merged.get("required_skills") or ())
+    try:
+        return Announcement(
+            task_id=task_id or str(uuid.uuid4()),
+            task_name=task.name,
+            args=args,
+            kwargs=kwargs,
+            **merged,
+        )
+    except ValidationError as exc:
+        raise ConfigurationError(
+            f"bidding options of {task.name}: {describe_validation(exc)}"
+        ) from None

@@ -1,0 +1,85 @@
+"""A node's bid: sub-scores from its profile and its history (seed 000, AITP 4.1), as a pure
+function.
+
+``compute_bid`` turns a profile and a ``NodeHistory`` into a ``Bid``, or a ``Refusal`` (seed
+001's ``will_bid=False``) with the reason when the node cannot do the task. The node's own
+worker calls it (``history.place_bid``), and so does a proxy bidder (``proxy``), on the same
+inputs.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from bidding.auction import scores
+from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes.profile import NodeProfile
+from bidding.strategies.formulas import skill_match
+
+
+@dataclass(frozen=True)
+class NodeHistory:
+    """What the store knows about a node when it bids."""
+
+    #: Outcomes of its latest episodes of this task type, newest first.
+    outcomes: tuple[bool, ...] = ()
+    #: Failures of this task type within ``bidding_recent_failure_seconds``.
+    recent_failures: int = 0
+    #: Tasks awarded to it that have not finished.
+    in_flight: int = 0
+    #: All its episodes, and how many succeeded (for learned trust).
+    attempts: int = 0
+    successes: int = 0
+
+
+def refusal_reason(rfp: Announcement, profile: NodeProfile, now: float) -> str | None:
+    """Why ``profile``'s node will not bid on ``rfp``, or None when it will."""
+    if rfp.deadline is not None and now > rfp.deadline:
+        return "deadline passed"
+    if rfp.required_skills and skill_match(rfp.required_skills, profile.capabilities) == 0:
+        return (
+            f"no matching capability: task needs {', '.join(rfp.required_skills)}; "
+            f"node has {', '.join(profile.capabilities)}"
+        )
+    return None
+
+
+def compute_bid(
+    rfp: Announcement, profile: NodeProfile, history: NodeHistory, now: float | None = None
+) -> Bid | Refusal:
+    """The bid ``profile``'s node makes for ``rfp`` given its ``history``, or its refusal."""
+    now = time.time() if now is None else now
+    reason = refusal_reason(rfp, profile, now)
+    if reason is not None:
+        return Refusal(task_id=rfp.task_id, node=profile.name, attempt=rfp.attempt,
+                       reason=reason, bid_at=now)
+    capability = scores.capability_score(rfp.required_skills, profile.capabilities)
+    matched = [s for s in rfp.required_skills if s in profile.capabilities]
+    cost = scores.estimated_cost(profile.price_per_unit, rfp.units)
+    return Bid(
+        task_id=rfp.task_id,
+        node=profile.name,
+        attempt=rfp.attempt,
+        skills=list(profile.capabilities),
+        capability=capability,
+        experience=scores.experience_score(history.outcomes),
+        load=scores.load_score(history.in_flight, profile.capacity),
+        confidence=scores.estimated_success(history.outcomes),
+        cost=cost,
+        latency_ms=profile.latency_ms,
+        trust=scores.learned_trust(profile.trust, history.successes, history.attempts),
+        recent_failures=history.recent_failures,
+        in_flight=history.in_flight,
+        capacity=profile.capacity,
+        is_preferred_node=rfp.preferred_node == profile.name,
+        proposal=(
+            f"{profile.name} offers {', '.join(matched) or 'general capacity'} "
+            f"at {cost:.4f} for {rfp.units:g} unit(s), ~{profile.latency_ms:.0f} ms latency, "
+            f"{history.in_flight}/{profile.capacity} busy"
+        ),
+        metadata={"content_confidence": scores.confidence_score(rfp.content)},
+        bid_at=now,
+    )
+
+

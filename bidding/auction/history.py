@@ -1,0 +1,199 @@
+"""What the store knows about a node when it bids: its latest episodes of a task type, its
+recent failures, its in-flight work and its record; read for one node or several together, and
+cached while the node's history version on the bid board holds.
+
+``place_bid`` is the node's built-in bidder: it reads this history and calls the pure
+``bid.compute_bid``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import cast
+
+from sqlalchemy import Select, bindparam, func, select, union_all
+from sqlalchemy.orm import Session
+
+from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
+from bidding.config import Settings
+from bidding.lifecycle import states
+from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes.profile import NodeProfile
+from bidding.store import read_session
+from bidding.store.engine import core
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Episode, Node
+
+_IN_FLIGHT = (
+    select(AnnouncementRow.assigned_node, func.count())
+    .where(AnnouncementRow.assigned_node.in_(bindparam("nodes", expanding=True)),
+           AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)))
+    .group_by(AnnouncementRow.assigned_node)
+)
+
+
+def count_in_flight(session: Session, nodes: Sequence[str]) -> dict[str, int]:
+    """Tasks awarded and unfinished, per node (derived from announcement states, never leaked)."""
+    if not nodes:
+        return {}
+    rows = core(session).execute(_IN_FLIGHT, {"nodes": list(nodes)}).all()
+    return {str(node): int(n) for node, n in rows}
+
+
+def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]:
+    """``count_in_flight`` in a read session of its own."""
+    with read_session(settings.database_url) as session:
+        return count_in_flight(session, nodes)
+
+
+def gather_history(
+    settings: Settings, node: str, task_type: str, now: float | None = None
+) -> NodeHistory:
+    """Read ``node``'s history from the store: recent episodes, in-flight work, trust inputs."""
+    return gather_histories(settings, [node], task_type, now)[node]
+
+
+# Built once: constructing these statements cost more than running them (bench/latency.py).
+_RECENT_FAILURES_OF = (select(Episode.node, func.count())
+                       .where(Episode.node.in_(bindparam("nodes", expanding=True)),
+                              Episode.task_type == bindparam("task_type"),
+                              Episode.success.is_(False),
+                              Episode.finished_at >= bindparam("since"))
+                       .group_by(Episode.node))
+
+
+# The nodes' records, kept with their episodes (counting them grew with a node's age).
+_TOTALS_OF = (select(Node.name, Node.attempts, Node.successes)
+              .where(Node.name.in_(bindparam("nodes", expanding=True))))
+
+
+_latest_of: dict[int, Select[tuple[str, bool, float]]] = {}
+
+
+def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
+    """The latest episodes of ``count`` nodes in one statement: one index range scan each
+    (``ix_bidding_episodes_node_type``), however long a node's history is. Built once per
+    count: building a statement costs more than running it."""
+    statement = _latest_of.get(count)
+    if statement is None:
+        parts = [select(Episode.node, Episode.success, Episode.finished_at)
+                 .where(Episode.node == bindparam(f"node_{i}"),
+                        Episode.task_type == bindparam("task_type"))
+                 .order_by(Episode.finished_at.desc())
+                 .limit(bindparam("limit")).subquery(f"latest_{i}")
+                 for i in range(count)]
+        statement = cast(Select[tuple[str, bool, float]],
+                         union_all(*(select(part) for part in parts)))
+        _latest_of[count] = statement
+    return statement
+
+
+def gather_histories(
+    settings: Settings, nodes: Sequence[str], task_type: str, now: float | None = None
+) -> dict[str, NodeHistory]:
+    """The histories of ``nodes`` (``gather_history``), read together: four statements in
+    all, not four per node (a proxy bidder reads every candidate's for one auction)."""
+    if not nodes:
+        return {}
+    with read_session(settings.database_url) as session:
+        return read_histories(session, settings, nodes, task_type, now)
+
+
+def read_histories(
+    session: Session, settings: Settings, nodes: Sequence[str], task_type: str,
+    now: float | None = None, in_flight: dict[str, int] | None = None,
+) -> dict[str, NodeHistory]:
+    """``gather_histories`` in the caller's transaction. ``in_flight``: the nodes' counts, read
+    already (the award's, under its lock), which saves counting them again."""
+    now = time.time() if now is None else now
+    if not nodes:
+        return {}
+    names = list(dict.fromkeys(nodes))
+    params = {f"node_{i}": name for i, name in enumerate(names)}
+    conn = core(session)
+    latest = conn.execute(_latest_of_nodes(len(names)),
+                          {**params, "task_type": task_type,
+                           "limit": settings.experience_window}).all()
+    failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
+        "nodes": names, "task_type": task_type,
+        "since": now - settings.recent_failure_seconds})}
+    totals = {row.name: (row.attempts, row.successes)
+              for row in conn.execute(_TOTALS_OF, {"nodes": names})}
+    if in_flight is None:
+        in_flight = count_in_flight(session, names)
+    outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
+    for row in latest:
+        outcomes[row.node].append((row.finished_at, bool(row.success)))
+    out = {}
+    for name in names:
+        newest_first = sorted(outcomes[name], key=lambda pair: pair[0], reverse=True)
+        attempts, successes = totals.get(name, (0, 0))
+        out[name] = NodeHistory(
+            outcomes=tuple(ok for _, ok in newest_first),
+            recent_failures=int(failures.get(name, 0)),
+            in_flight=int(in_flight.get(name, 0)),
+            attempts=int(attempts),
+            successes=int(successes),
+        )
+    return out
+
+
+_history: dict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = {}
+
+
+def cached_history(settings: Settings, node: str, task_type: str, now: float | None = None,
+                   version: int | None = None) -> NodeHistory:
+    """``gather_history``, reused while ``version`` is unchanged, for at most
+    ``bidding_history_cache_seconds``.
+
+    Four queries per bid were most of a bid's cost (bench/latency.py). ``version`` (from the
+    bid board) changes whenever the node finishes an attempt, so a finished attempt counts in
+    the very next bid; work awarded meanwhile is re-counted by the award under its lock.
+    """
+    return cached_histories(settings, [node], task_type, {node: version}, now)[node]
+
+
+def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
+                     versions: dict[str, int | None], now: float | None = None
+                     ) -> dict[str, NodeHistory]:
+    """``cached_history`` of several nodes: the ones not cached (or changed) are read together
+    (``gather_histories``); ``versions`` are their history versions on the bid board."""
+    ttl = settings.history_cache_seconds
+    clock = time.monotonic()
+    out: dict[str, NodeHistory] = {}
+    stale: list[str] = []
+    for node in nodes:
+        version = versions.get(node)
+        hit = _history.get((settings.database_url, node, task_type))
+        # Without a version (the store board, e.g. on RabbitMQ) nothing says when the record
+        # changed: read it every time rather than bid on a stale one.
+        if (ttl > 0 and version is not None and hit is not None and clock - hit[0] < ttl
+                and hit[1] == version):
+            out[node] = hit[2]
+        else:
+            stale.append(node)
+    if stale:
+        read = gather_histories(settings, stale, task_type, now)
+        for node, history in read.items():
+            _history[(settings.database_url, node, task_type)] = (clock, versions.get(node),
+                                                                  history)
+        out.update(read)
+    return out
+
+
+def forget_history() -> None:
+    """Drop cached histories (tests, and after this process changed a node's record)."""
+    _history.clear()
+
+
+def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,
+              version: int | None = None) -> Bid | Refusal:
+    """Compute this node's answer to ``rfp`` from its profile and (cached) store history;
+    ``version`` is the node's history version on the bid board (see ``cached_history``)."""
+    now = time.time()
+    if refusal_reason(rfp, profile, now) is None:
+        history = cached_history(settings, profile.name, rfp.task_type, now, version)
+    else:
+        history = NodeHistory()
+    return compute_bid(rfp, profile, history, now)

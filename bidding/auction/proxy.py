@@ -1,0 +1,112 @@
+"""Proxy bids: the announcing process bids for the candidates and awards at once.
+
+A node's bid is a pure function, ``bid.compute_bid``, of two inputs that are not private to
+the node: its profile, which its heartbeat row publishes, and its history in the store
+(experience, recent failures, in-flight work, its record). With ``bidding_bid_mode = "proxy"``
+the process that announces a task makes the candidates' bids itself, with that same function on
+those same inputs, and closes the auction there: no bid request is sent, no node is woken to
+answer, and nobody waits for a window. It is how the Kubernetes scheduler scores nodes from the
+status they report, and what an auction house calls a proxy bid (the bidder left its rule with
+the auctioneer).
+
+What the bids and the award keep: the candidates (filter, cap), each node's sub-scores,
+refusals and their reasons, the strategy, min_confidence/min_trust/budget, the in-flight
+count and compare-and-set of the award, and the stored bids and messages that ``explain``,
+the watchdogs' re-award to the next-best bidder and learned trust read. With a scoring
+strategy the bids are made inside the award's transaction, from the counts it reads under its
+lock (``award.AnswersInside``). What they do not: a
+node that heartbeats but cannot take work is still bid for (as a node whose main process
+answers while its pool is stuck is, in "ask" mode); the schedule-to-start watchdog covers both.
+
+Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from celery import Celery
+from sqlalchemy.orm import Session
+
+from bidding.auction.award import AnswersInside, award_answers, strategy_of
+from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
+from bidding.auction.board import get_board
+from bidding.auction.history import cached_histories, read_histories
+from bidding.config import Settings
+from bidding.models import Announcement, Award, Bid, Refusal
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import LiveNode
+from bidding.strategies.protocol import decides_at_once
+
+logger = logging.getLogger(__name__)
+
+#: ``closed_by`` of an auction its announcer closed with proxy bids.
+PROXY_CLOSE = "proxy bids"
+
+
+def profile_of(node: LiveNode) -> NodeProfile:
+    """The profile ``node`` published with its heartbeat (validated when its worker loaded it)."""
+    return NodeProfile.model_construct(
+        name=node.name, capabilities=list(node.capabilities), capacity=node.capacity,
+        price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust)
+
+
+def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
+                  now: float | None = None, versions: dict[str, int | None] | None = None
+                  ) -> list[Bid | Refusal]:
+    """Each node's answer to ``rfp``, as its own worker would make it (``bid.place_bid``):
+    a refusal, or ``compute_bid`` on its published profile and its history in the store.
+
+    ``versions`` (the nodes' history versions on the bid board) let histories read for an
+    earlier auction be reused while they hold, as the nodes' own bids do (``cached_history``).
+    """
+    now = time.time() if now is None else now
+    profiles = [profile_of(node) for node in nodes]
+    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
+    histories = cached_histories(settings, bidding, rfp.task_type, versions or {}, now)
+    return answers_of(rfp, profiles, histories, now)
+
+
+def answers_of(rfp: Announcement, profiles: Sequence[NodeProfile],
+               histories: dict[str, NodeHistory], now: float) -> list[Bid | Refusal]:
+    """``compute_bid`` for each profile, on its history (empty when it was not read)."""
+    return [compute_bid(rfp, p, histories.get(p.name, NodeHistory()), now) for p in profiles]
+
+
+def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
+                   now: float | None = None) -> AnswersInside:
+    """The nodes' answers to ``rfp``, made in the award's transaction: their histories are
+    read there, with the in-flight counts the award has just read under its lock."""
+    now = time.time() if now is None else now
+    profiles = [profile_of(node) for node in nodes]
+    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
+
+    def make(session: Session, counts: dict[str, int]) -> list[Bid | Refusal]:
+        histories = read_histories(session, settings, bidding, rfp.task_type, now,
+                                   in_flight=counts)
+        return answers_of(rfp, profiles, histories, now)
+
+    return AnswersInside(bidding, make)
+
+
+def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
+                   candidates: Sequence[LiveNode],
+                   opening: Callable[[Session], None] | None = None) -> Award | None:
+    """Make the candidates' bids for ``rfp`` and commit its award (``award.route_award``
+    sends it). Its row is stored in state BIDDING already, or written by ``opening`` in the
+    award's own transaction. None when another closer was first.
+
+    With a scoring strategy the bids are made inside the award's transaction (one read of the
+    candidates' state, under its lock); a strategy that decides outside it (an LLM judge) gets
+    them first, from histories cached while the nodes' versions on the bid board hold.
+    """
+    answers: Sequence[Bid | Refusal] | AnswersInside
+    if decides_at_once(strategy_of(settings, rfp)):
+        answers = answers_inside(settings, rfp, candidates)
+    else:
+        versions = get_board(settings, app).history_versions([n.name for n in candidates])
+        answers = proxy_answers(settings, rfp, candidates, versions=versions)
+    return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
+                         candidates=len(candidates), write=True, opening=opening)

@@ -1,0 +1,90 @@
+"""A bid's sub-scores and a node's learned trust, as pure functions (seed 000, AITP 4.1 and 7.1).
+
+What a node says about itself in a bid: capability, experience, load, confidence, cost and trust.
+Nothing here touches a broker or a database, so every number a bid carries can be tested alone.
+The formulas strategies rank bids with are in ``bidding.strategies.formulas``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from bidding.strategies.formulas import skill_match
+
+#: Seed 000: capability score when a task requires no skills ("assume capable").
+NO_REQUIREMENT_CAPABILITY = 0.8
+#: Seed 000: experience score of a node that has no episode of this task type.
+NO_EXPERIENCE = 0.3
+#: Seed 000: the load score never drops below this, so a busy node can still win on merit.
+MIN_LOAD = 0.1
+#: Weight, in episodes, of a node's declared trust against its observed success rate.
+TRUST_PRIOR_WEIGHT = 10.0
+
+
+def capability_score(required: Sequence[str], skills: Sequence[str]) -> float:
+    """Seed 000's capability: 0.8 with no requirements, 0.5 for an unknown node, else the match."""
+    if not required:
+        return NO_REQUIREMENT_CAPABILITY
+    if not skills:
+        return 0.5
+    return skill_match(required, skills)
+
+
+def experience_score(outcomes: Sequence[bool]) -> float:
+    """Success rate over the node's latest episodes of this task type; 0.3 with none (seed 000)."""
+    if not outcomes:
+        return NO_EXPERIENCE
+    return sum(1 for ok in outcomes if ok) / len(outcomes)
+
+
+def load_score(in_flight: int, capacity: int) -> float:
+    """Availability: 1.0 when idle, falling with in-flight work against capacity, floored at 0.1."""
+    if capacity <= 0:
+        return MIN_LOAD
+    return max(MIN_LOAD, 1.0 - in_flight / capacity)
+
+
+def confidence_score(content: str) -> float:
+    """Seed 000's heuristic self-assessment: short tasks 0.9, medium 0.7, long 0.5."""
+    n = len(content)
+    if n < 500:
+        return 0.9
+    if n < 2000:
+        return 0.7
+    return 0.5
+
+
+#: Weight, in episodes, of the prior in a node's estimate of its success on a task type.
+SUCCESS_PRIOR_EPISODES = 2.0
+
+
+def estimated_success(outcomes: Sequence[bool], prior: float = 1.0,
+                      weight: float = SUCCESS_PRIOR_EPISODES) -> float:
+    """A node's confidence: its success rate on this task type, smoothed toward ``prior``.
+
+    ``(successes + weight * prior) / (n + weight)`` (a Beta-prior mean). The default prior is
+    optimistic (1.0): a node with no record of a task type bids as if it could do it, so a
+    newcomer gets tried and earns a history; failures then lower its confidence quickly
+    (bench/quality.py measured this against the seed 000 heuristic as the prior: it meets the
+    load-spread target, which that one misses).
+    """
+    n = len(outcomes)
+    return (sum(1 for ok in outcomes if ok) + weight * prior) / (n + weight)
+
+
+def learned_trust(declared: float, successes: int, attempts: int) -> float:
+    """Trust 0-100: the declared trust, moved toward the observed success rate as episodes accrue.
+
+    A Beta-style blend: the profile's trust counts as ``TRUST_PRIOR_WEIGHT`` episodes.
+    """
+    if attempts <= 0:
+        return declared
+    blended = (declared * TRUST_PRIOR_WEIGHT + 100.0 * successes) / (TRUST_PRIOR_WEIGHT + attempts)
+    return max(0.0, min(100.0, blended))
+
+
+def estimated_cost(price_per_unit: float, units: float) -> float:
+    """AITP 7.1: cost = price per unit * units consumed."""
+    return price_per_unit * units
+
+

@@ -1,0 +1,384 @@
+"""Watching winners: a task whose winner is lost, late to start, or never got its message.
+
+A task whose node stopped heartbeating, or that was not started within its schedule-to-start
+timeout, goes to the next-best bidder of the same auction (AITP 6.2 SELECT_NEXT_BEST), to a new
+auction, or fails, as its fallbacks say (``replace_winner``). A task whose execution message
+could not be sent (SEND_FAILED), or, without a schedule-to-start timeout, that its live winner
+has not started by its delivery check, is sent again to the same winner (``resend``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from celery import Celery
+from sqlalchemy import (
+    ColumnElement,
+    CursorResult,
+    Update,
+    and_,
+    bindparam,
+    func,
+    or_,
+    select,
+    update,
+)
+
+from bidding.auction.board import history_changed
+from bidding.config import Settings
+from bidding.errors import NodeLostError
+from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
+from bidding.execution.episodes import record_episode
+from bidding.execution.report import fail_caller
+from bidding.lifecycle import journal, states
+from bidding.lifecycle.transition import transition
+from bidding.models import Announcement
+from bidding.nodes.incarnation import Ended, end_stale, live_slots
+from bidding.nodes.profile import exec_queue
+from bidding.nodes.registry import dead_after, query_live_nodes
+from bidding.store import read_session, write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import BidRow, Message, Node, Worker
+
+logger = logging.getLogger(__name__)
+
+
+_ALIVE = select(Node.name).where(Node.last_heartbeat >= bindparam("cutoff"))
+#: The attempt's worker incarnation is still the one heartbeating under its name.
+_RUNNER_ALIVE = (
+    select(Worker.hostname)
+    .where(Worker.hostname == AnnouncementRow.worker, Worker.boot_id == AnnouncementRow.boot_id,
+           Worker.last_heartbeat >= bindparam("cutoff"))
+    .exists()
+)
+_LOST = (
+    select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
+           AnnouncementRow.state, AnnouncementRow.spec, AnnouncementRow.awarded_at,
+           AnnouncementRow.worker, AnnouncementRow.boot_id)
+    .where(AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)),
+           or_(AnnouncementRow.assigned_node.not_in(bindparam("alive", expanding=True)),
+               and_(AnnouncementRow.state == states.ASSIGNED,
+                    AnnouncementRow.due_at <= bindparam("now")),
+               # running on a worker that restarted, or died while its node lives on
+               and_(AnnouncementRow.state == states.EXECUTING,
+                    AnnouncementRow.worker.is_not(None), ~_RUNNER_ALIVE)))
+    .limit(bindparam("limit"))
+)
+#: What says whether an ASSIGNED attempt's message was sent: the last of these in its log
+#: (a refused transition or a late bid logs other kinds in between). After SEND_FAILED or
+#: WORKER_LOST (a worker of the node ended, perhaps holding the message) it is sent again.
+_DELIVERY_KINDS = (journal.AWARDED, journal.REAWARDED, journal.SEND_FAILED, journal.RESENT,
+                   journal.WORKER_LOST)
+_RESEND_AFTER = {journal.SEND_FAILED: "its send failed",
+                 journal.WORKER_LOST: "a worker of its node ended, perhaps holding its message"}
+_LAST_DELIVERY = (
+    select(Message.kind)
+    .where(Message.task_id == bindparam("task_id"), Message.attempt == bindparam("attempt"),
+           Message.kind.in_(_DELIVERY_KINDS))
+    .order_by(Message.id.desc())
+    .limit(1)
+)
+_EXECUTING_ON = (
+    select(func.count()).select_from(AnnouncementRow)
+    .where(AnnouncementRow.assigned_node == bindparam("node"),
+           AnnouncementRow.state == states.EXECUTING)
+)
+_WORKER_BOOTS = (select(Worker.hostname, Worker.boot_id)
+                 .where(Worker.hostname.in_(bindparam("hosts", expanding=True))))
+
+
+def _still_assigned(due: ColumnElement[bool]) -> Update:
+    """An UPDATE of one task while it is ASSIGNED at an attempt to a node, and ``due`` holds."""
+    return update(AnnouncementRow).where(
+        AnnouncementRow.task_id == bindparam("b_task"),
+        AnnouncementRow.state == states.ASSIGNED,
+        AnnouncementRow.attempt == bindparam("b_attempt"),
+        AnnouncementRow.assigned_node == bindparam("b_node"), due)
+
+
+_STATE = select(AnnouncementRow.state).where(AnnouncementRow.task_id == bindparam("task_id"))
+#: A resender's lease on an undelivered task: it is not due again while the send is under way.
+_LEASE = _still_assigned(AnnouncementRow.due_at <= bindparam("b_now")).values(
+    due_at=bindparam("b_lease"))
+#: After the send: the schedule-to-start clock, unless the node or another sweeper moved on.
+_RELEASE = _still_assigned(AnnouncementRow.due_at == bindparam("b_lease")).values(
+    due_at=bindparam("b_due"))
+#: A winner busy with as many attempts as it has pool processes: its start clock starts again.
+_REARM = _still_assigned(AnnouncementRow.due_at <= bindparam("b_now")).values(
+    due_at=bindparam("b_due"))
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What one watchdog pass read: who is alive, and why each due ASSIGNED task is due."""
+
+    alive: set[str]
+    live: set[str]
+    #: task id -> the kind of its last delivery message (ASSIGNED tasks of live nodes).
+    delivery: dict[str, str | None]
+    #: worker name -> its current boot id (workers of EXECUTING attempts found lost).
+    boots: dict[str, str]
+    now: float
+
+
+def check_winners(settings: Settings, app: Celery, now: float | None = None,
+                  limit: int = 100) -> tuple[int, int]:
+    """Re-place tasks whose winner is lost (its node dead, its worker restarted or dead) or
+    late to start, and send again those whose message may not have reached their winner.
+
+    Returns how many were moved, and how many nodes are alive.
+    """
+    now = time.time() if now is None else now
+    cutoff = dead_after(settings, now)
+    for ended in end_stale(settings, cutoff):
+        try:
+            incarnation_ended(settings, ended, now)
+        except Exception:
+            logger.exception("watchdog: handling the end of worker %s failed", ended.hostname)
+    with read_session(settings.database_url) as session:
+        alive = set(session.scalars(_ALIVE, {"cutoff": cutoff}))
+        rows = session.execute(
+            _LOST, {"alive": sorted(alive), "now": now, "limit": limit, "cutoff": cutoff}).all()
+        delivery = {row.task_id: session.scalar(_LAST_DELIVERY, {"task_id": row.task_id,
+                                                                 "attempt": row.attempt})
+                    for row in rows
+                    if row.assigned_node in alive and row.state == states.ASSIGNED}
+        hosts = sorted({row.worker for row in rows if row.worker is not None})
+        boots = dict(session.execute(_WORKER_BOOTS, {"hosts": hosts}).tuples().all()) \
+            if hosts else {}
+    if not rows:
+        return 0, len(alive)
+    seen = _Seen(alive, {n.name for n in query_live_nodes(settings, now)}, delivery, boots,
+                 now)
+    moved = 0
+    for row in rows:
+        # One task at a time: a failure (a spec that does not load, the store or the broker
+        # failing midway) must not stop the others of this sweep.
+        try:
+            moved += _check_winner(settings, app, row, seen)
+        except Exception:
+            logger.exception("watchdog: checking the winner of %s failed", row[0])
+    return moved, len(alive)
+
+
+def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int:
+    """Re-place or resend one task found lost, late or undelivered; 1 when it moved."""
+    task_id, attempt, node, state, spec, awarded_at, worker, boot = row
+    now = seen.now
+    rfp = Announcement.model_validate(spec)
+    dead = node not in seen.alive
+    if not dead and state == states.ASSIGNED:
+        last = seen.delivery.get(task_id)
+        limit = start_by(settings, rfp, now)
+        if last in _RESEND_AFTER or limit is None:
+            # The node is not to blame: send it again. Without a start deadline the task was
+            # due for a delivery check: its message may have been lost (the process that
+            # awarded it died before sending); a second copy is dropped by the node.
+            why = _RESEND_AFTER.get(last or "") or (
+                f"not started {now - (awarded_at or now):.0f}s after its award; "
+                "sent again in case its message was lost")
+            return int(resend(settings, app, rfp, attempt, node, now, why, awarded_at or now))
+        if _busy(settings, node, now):
+            # Every pool process of the winner is running another attempt: the task waits in
+            # its queue, through no fault of the node. Its clock starts again from now: it is
+            # measured from when the node could have started it.
+            with write_session(settings.database_url) as session:
+                session.execute(_REARM, {"b_task": task_id, "b_attempt": attempt,
+                                         "b_node": node, "b_now": now, "b_due": limit})
+            return 0
+    if dead:
+        reason = f"node {node} stopped heartbeating"
+    elif state == states.EXECUTING and worker is not None:
+        reason = (f"worker {worker} of node {node} restarted: the attempt it was running is "
+                  "lost" if seen.boots.get(worker, boot) != boot else
+                  f"worker {worker} of node {node} stopped heartbeating")
+    else:
+        reason = f"node {node} did not start the task in time"
+    if not replace_winner(settings, app, rfp, attempt, node, state, seen.live, reason, now,
+                          due_by=now if state == states.ASSIGNED and not dead else None):
+        return 0
+    history_changed(settings, app, node)  # the lost attempt counts against it
+    return 1
+
+
+def _busy(settings: Settings, node: str, now: float) -> bool:
+    """Whether every pool process of ``node``'s live workers runs an attempt (its declared
+    capacity stands in where a worker did not report its pool)."""
+    with read_session(settings.database_url) as session:
+        running = int(session.scalar(_EXECUTING_ON, {"node": node}) or 0)
+        slots = live_slots(session, [node], dead_after(settings, now)).get(node)
+        if slots is None:
+            slots = session.scalar(select(Node.capacity).where(Node.name == node)) or 1
+    return running >= slots
+
+
+#: Seconds before the end of a worker's last heartbeat in which the attempts it finished are
+#: checked against the result backend (it may have died between the store and the backend).
+FINISHED_BEFORE_END = 60.0
+
+
+def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None) -> None:
+    """A worker's incarnation ended (a new one took its name, or it stopped heartbeating).
+
+    Its running attempts are lost: ``check_winners`` finds them (their boot id is not their
+    worker's any more, or their worker is silent) and re-places them. Here: the ASSIGNED
+    attempts of its node awarded before it ended are sent again to the node (the dead
+    incarnation may hold their messages, unacknowledged, until the broker's visibility
+    timeout; the node runs one copy), and the attempts it finished in its last minute have
+    their final state written to the result backend again if it is missing there (it may have
+    died between the store and the backend).
+    """
+    now = time.time() if now is None else now
+    logger.warning("worker %s of node %s %s; its running attempts are lost", ended.hostname,
+                   ended.node, ended.why)
+    with write_session(settings.database_url) as session:
+        assigned = session.execute(
+            select(AnnouncementRow.task_id, AnnouncementRow.attempt)
+            .where(AnnouncementRow.assigned_node == ended.node,
+                   AnnouncementRow.state == states.ASSIGNED,
+                   AnnouncementRow.awarded_at <= now)).all()
+        for task_id, attempt in assigned:
+            transition(session, task_id, states.ASSIGNED, kind=journal.WORKER_LOST,
+                       from_states=(states.ASSIGNED,), expect_attempt=attempt,
+                       expect_node=ended.node, at=now,
+                       detail={"worker": ended.hostname, "why": ended.why}, due_at=now)
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.worker == ended.hostname,
+                   AnnouncementRow.boot_id == ended.boot_id,
+                   AnnouncementRow.state.in_(sorted(states.FINAL_STATES)),
+                   AnnouncementRow.finished_at >= ended.last_heartbeat - FINISHED_BEFORE_END,
+                   AnnouncementRow.report_due.is_(None))
+            .values(report_due=now))
+
+
+#: Seconds before a sweeper tries again to send an execution whose resend failed too.
+RESEND_BACKOFF = 5.0
+
+
+def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
+           now: float, why: str = "its send failed", awarded_at: float | None = None) -> bool:
+    """Send again to the same winner an execution that may not have reached ``node``: its
+    send failed (``award.mark_undelivered``), or it was not started by its delivery check.
+    The node did nothing wrong, so it keeps the task and no failure counts against it.
+
+    The sweeper first takes a lease (the task is due again in ``RESEND_BACKOFF`` seconds), so no
+    other sweeper sends it meanwhile, then sends outside any transaction, then logs RESENT and
+    sets the next look (``award.delivery_due``: a schedule-to-start deadline, or a delivery
+    check that waits as long as the task has). A send that fails is logged SEND_FAILED, due
+    after the backoff. A sweeper that dies after sending and before logging leaves the task
+    due when the lease runs out, and it is sent again; a node holding two copies runs one
+    (``execution.begin``)."""
+    lease = now + RESEND_BACKOFF
+    with write_session(settings.database_url) as session:
+        taken = cast(CursorResult[Any], session.execute(_LEASE, {
+            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_now": now,
+            "b_lease": lease}))
+        if taken.rowcount != 1:
+            return False  # another sweeper has it, or it moved on
+    try:
+        send_execution(app, rfp, node, settings)
+    except Exception as exc:
+        mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
+        return False
+    sent = time.time()
+    with write_session(settings.database_url) as session:
+        # Logged after the send (the node may have started it already); the schedule-to-start
+        # clock starts now, unless the node took the task or another sweeper took the lease.
+        waited = sent - (awarded_at if awarded_at is not None else sent)
+        released = cast(CursorResult[Any], session.execute(_RELEASE, {
+            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_lease": lease,
+            "b_due": delivery_due(settings, rfp, sent, waited)})).rowcount == 1
+        # Not if another sweeper took the task over meanwhile (this send outlasted the lease):
+        # RESENT after its SEND_FAILED would make the task look delivered.
+        if released or session.scalar(_STATE, {"task_id": rfp.task_id}) != states.ASSIGNED:
+            journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
+                           at=sent, queue=exec_queue(node), why=why)
+    logger.info("task %s: sent again to %s (%s)", rfp.task_id, exec_queue(node), why)
+    return True
+
+
+def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
+                   state: str, live: set[str], reason: str, now: float,
+                   due_by: float | None = None) -> bool:
+    """Apply the task's on_agent_offline fallback to a lost winner. ``due_by``: only if the
+    task is still due by then (a winner late to start; another sweeper may have resent it).
+
+    The move is committed first and the new winner's execution sent after it, outside the
+    write transaction: with the broker down, Celery's publish retries must not hold the store's
+    write lock (SQLite's is the whole federation's). A send that fails is marked undelivered and
+    resent by a sweeper, as any other award's (``execution.dispatch.mark_undelivered``).
+    """
+    policy = rfp.fallbacks.on_agent_offline
+    exclude = [*(n for n in rfp.exclude_nodes if n != node), node]
+    moved_to: str | None = None
+    nxt = rfp
+    conditions: dict[str, Any] = {"from_states": (state,), "expect_attempt": attempt,
+                                  "expect_node": node, "due_by": due_by, "at": now}
+    with write_session(settings.database_url) as session:
+        if policy == "next_best":
+            moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
+        if moved_to is not None:
+            nxt = rfp.model_copy(update={"exclude_nodes": exclude})
+            ok = transition(
+                session, rfp.task_id, states.ASSIGNED, kind=journal.REAWARDED,
+                message_node=moved_to, detail={"from": node, "to": moved_to, "reason": reason},
+                assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
+                started_at=None, due_at=delivery_due(settings, nxt, now), **conditions,
+            )
+            if ok:
+                _lost_episode(session, rfp, attempt, node, reason, now)
+        elif policy == "fail":
+            ok = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
+                            detail={"error": reason}, error=reason, finished_at=now,
+                            due_at=None, **conditions)
+        else:
+            nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
+                                         "announced_at": now, "last_error": reason})
+            ok = transition(
+                session, rfp.task_id, states.RETRYING, kind=journal.RETRYING,
+                detail={"why": reason + "; no other bidder left, new auction",
+                        "next_attempt": attempt + 1, "delay_s": 0},
+                attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
+                assigned_node=None, **conditions,
+            )
+        if ok and moved_to is None:
+            _lost_episode(session, rfp, attempt, node, reason, now)
+    if ok and moved_to is not None:
+        try:
+            send_execution(app, nxt, moved_to, settings)
+        except Exception as exc:
+            mark_undelivered(settings, nxt, moved_to, exc)
+    elif ok and policy == "fail":
+        # After the commit: errbacks may run here, and must not hold the write lock.
+        fail_caller(app, settings, rfp, NodeLostError(reason))
+    return ok
+
+
+def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
+               live: set[str]) -> str | None:
+    """The best-scored eligible bid of the same auction from a live node not excluded."""
+    rows = session.execute(
+        select(BidRow.node, BidRow.score, BidRow.breakdown)
+        .where(BidRow.task_id == task_id, BidRow.attempt == attempt,
+               BidRow.will_bid.is_(True), BidRow.late.is_(False))
+    ).all()
+    ranked = sorted(
+        (r for r in rows if r.node not in exclude and r.node in live
+         and (r.breakdown or {}).get("eligible", True)),
+        key=lambda r: -(r.score if r.score is not None else -1.0),
+    )
+    return ranked[0].node if ranked else None
+
+
+def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
+                  now: float) -> None:
+    """The lost winner failed this attempt: it counts against its experience and trust (once:
+    it may have run and failed, or another sweep got there first)."""
+    record_episode(session, {
+        "task_id": rfp.task_id, "attempt": attempt, "node": node, "task_type": rfp.task_type,
+        "skills": list(rfp.required_skills), "success": False, "duration_s": 0.0, "cost": 0.0,
+        "error": reason, "finished_at": now})

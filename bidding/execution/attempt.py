@@ -1,0 +1,349 @@
+"""An attempt on the winning node: accepted, then completed, retried or failed (AITP 5-7).
+
+Every step is a transition (a compare-and-set on the task's state, attempt and node), so a
+redelivered or duplicated execution message is recognised and a task is never finished twice.
+``complete`` and ``fail`` write the attempt's ledger entry and episode in the same transaction
+as its state, and say what the worker must do next (a ``Verdict``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import jsonschema
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy import update
+from sqlalchemy.orm import Session
+
+from bidding.config import Settings
+from bidding.errors import CostExceededError, OutputValidationError
+from bidding.execution import ledger
+from bidding.execution.episodes import record_episode
+from bidding.execution.report import exception_json, value_json
+from bidding.execution.retry import RetryPlan, error_text, plan_retry, retry_exclusions
+from bidding.lifecycle import journal, states
+from bidding.lifecycle.transition import Step, apply, transition
+from bidding.models import BUDGET_EPSILON, Announcement
+from bidding.store import write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+
+logger = logging.getLogger(__name__)
+
+
+class Start(Enum):
+    """What ``begin`` found."""
+
+    #: First delivery: the task was ASSIGNED to this node and is now EXECUTING.
+    FIRST = "first"
+    #: Already EXECUTING on this node (its pool process died with the message unacked): run again.
+    REDELIVERED = "redelivered"
+    #: Finished, or awarded elsewhere since: do not run it.
+    DUPLICATE = "duplicate"
+    #: The store has no such announcement (a leftover message, or a store mismatch): the task
+    #: drops it without running the body.
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class Running:
+    """An attempt in progress on this node."""
+
+    task_id: str
+    attempt: int
+    node: str
+    start: Start
+    rfp: Announcement | None
+    #: This node's price per unit (AITP 7.1: the node charges its own price).
+    price_per_unit: float = 0.0
+    #: Units the body reported with ``self.report_units``; default: the announced units.
+    units: float | None = None
+    began: float = 0.0
+
+
+@dataclass
+class Verdict:
+    """What the worker does after an attempt: nothing, retry after a delay, or raise an error."""
+
+    retry_in: float | None = None
+    error: BaseException | None = None
+
+
+def begin(settings: Settings, task_id: str, attempt: int, node: str,
+          price_per_unit: float = 0.0, redelivered: bool = True, *,
+          worker: str | None = None, boot_id: str | None = None) -> Running:
+    """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run.
+
+    A message for an attempt its node already runs is run again only if the broker
+    ``redelivered`` it (its worker died with it unacknowledged); a second copy of the message
+    (a resend whose first publish did arrive) is a DUPLICATE, dropped, while the first runs.
+    """
+    now = time.time()
+    # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
+    runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
+    with write_session(settings.database_url) as session:
+        # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
+        outcome = apply(session, task_id,
+                        (Step(states.EXECUTING, journal.TASK_ACCEPTED,
+                              values={"started_at": now, "due_at": None, **runner}),),
+                        expect_attempt=attempt, expect_node=node, at=now, returning=("spec",))
+        row = outcome.row
+        if row is None:
+            return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
+        if outcome.moved:
+            start = Start.FIRST
+            spec = row[0]
+        else:
+            spec = row[3]
+            if (redelivered and row[0] == states.EXECUTING and row[1] == attempt
+                    and row[2] == node):
+                journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
+                               attempt=attempt, at=now, redelivered=True)
+                if runner:
+                    # It runs again here, perhaps on another worker of the node.
+                    session.execute(update(AnnouncementRow).where(
+                        AnnouncementRow.task_id == task_id, AnnouncementRow.attempt == attempt,
+                        AnnouncementRow.state == states.EXECUTING).values(**runner))
+                start = Start.REDELIVERED
+            else:
+                start = Start.DUPLICATE
+        rfp = Announcement.model_validate(spec)  # a bad spec rolls the transition back
+    return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
+
+
+def _charge(session: Session, run: Running, now: float) -> float:
+    """Write this attempt's ledger entry (once); returns its cost."""
+    assert run.rfp is not None
+    units = run.rfp.units if run.units is None else run.units
+    return ledger.charge(session, task_id=run.task_id, attempt=run.attempt, node=run.node,
+                         units=units, price_per_unit=run.price_per_unit, at=now)
+
+
+def _episode(session: Session, run: Running, *, success: bool, now: float,
+             cost: float, error: str | None) -> None:
+    """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
+    assert run.rfp is not None
+    record_episode(session, {
+        "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
+        "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
+        "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
+        "error": error, "finished_at": now})
+
+
+def complete(settings: Settings, run: Running, result: Any) -> Verdict:
+    """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so.
+
+    The two transitions are one UPDATE (``transition.apply``), logged as two messages.
+    """
+    if run.rfp is None:
+        return Verdict()
+    rfp = run.rfp
+    budget = rfp.budget
+    now = time.time()
+    invalid = _schema_error(rfp.output_schema, result)  # pure: outside the write lock
+    if invalid is None and not _is_json(result):
+        # Celery could not send it either (JSON only): fail it here, saying why, rather than
+        # store a success the caller never gets.
+        invalid = (f"result is not JSON serializable ({type(result).__name__}); "
+                   "celery-bidding sends JSON only")
+    over: tuple[float, float] | None = None
+    with write_session(settings.database_url) as session:
+        cost = _charge(session, run, now)
+        _episode(session, run, success=invalid is None, now=now, cost=cost, error=invalid)
+        # The ledger's sum matters only against a budget (the entry itself is always written).
+        spent = ledger.spent(session, run.task_id) if budget is not None else 0.0
+        done = Step(states.COMPLETED, journal.TASK_COMPLETED, detail={"cost": cost},
+                    values={"finished_at": now})
+        if budget is not None and spent > budget + BUDGET_EPSILON:
+            reason = f"spent {spent:.4f} of budget {budget:.4f}"
+            over = (budget, spent)
+            error: BaseException = CostExceededError(f"task {run.task_id}: {reason}")
+            verdict = Verdict(error=error)
+            then = Step(states.FAILED, journal.COST_EXCEEDED, run.node,
+                        {"budget": budget, "spent": spent},
+                        {"error": reason, "result": exception_json(error)})
+        elif invalid is not None:
+            error = OutputValidationError(invalid)
+            verdict = Verdict(error=error)
+            then = Step(states.FAILED, journal.OUTPUT_INVALID, run.node, {"error": invalid},
+                        {"error": invalid, "result": exception_json(error)})
+        else:
+            # The result is kept with the task: the store is what the caller's result is
+            # written from again if the backend's first write fails (execution.report).
+            then = Step(states.SUCCESS, journal.TASK_SUCCEEDED, run.node,
+                        values={"result": value_json(result)})
+            verdict = Verdict()
+        if not apply(session, run.task_id, (done, then), expect_attempt=run.attempt,
+                     expect_node=run.node, at=now).moved:
+            return Verdict()
+    if over is not None:
+        _notify_cost(settings, run, *over)
+    return verdict
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _schema_error(schema: dict[str, Any] | None, result: Any) -> str | None:
+    if not schema:
+        return None
+    try:
+        jsonschema.validate(result, schema)
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        return f"output does not match the task's output schema at {where}: {exc.message}"
+    return None
+
+
+def fail(settings: Settings, run: Running, exc: BaseException,
+         rng: random.Random | None = None) -> Verdict:
+    """The body raised: retry (a new auction after the backoff), extend the timeout, or FAILED."""
+    if run.rfp is None:
+        return Verdict()
+    rfp = run.rfp
+    now = time.time()
+    error = error_text(exc)
+    over: tuple[float, float] | None = None
+    with write_session(settings.database_url) as session:
+        cost = _charge(session, run, now)
+        _episode(session, run, success=False, now=now, cost=cost, error=error)
+        plan = plan_retry(rfp, run.node, exc, now, rng,
+                          timed_out=isinstance(exc, SoftTimeLimitExceeded))
+        # The sum of the ledger matters against a budget and for the next attempt's spec.
+        spent = (ledger.spent(session, run.task_id)
+                 if rfp.budget is not None or plan.next is not None else 0.0)
+        if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
+            over = (rfp.budget, spent)
+            plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {rfp.budget:.4f}")
+        if plan.next is not None and plan.delay is not None:
+            journal.record(session, run.task_id, journal.TASK_FAILED, node=run.node,
+                           attempt=run.attempt, at=now, error=error, will_retry=True)
+            nxt = plan.next.model_copy(update={"spent": spent})
+            moved = _to_retrying(session, run, nxt, now, plan.delay, plan.why, error=error)
+            return Verdict(retry_in=plan.delay) if moved else Verdict()
+        kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
+        final = CostExceededError(f"task {run.task_id}: {plan.why}") if over else exc
+        transition(session, run.task_id, states.FAILED, kind=kind,
+                   expect_attempt=run.attempt, expect_node=run.node, at=now,
+                   detail={"error": error, "why": plan.why},
+                   error=f"{error} ({plan.why})" if plan.why else error, finished_at=now,
+                   result=exception_json(final))
+    if over is not None:
+        _notify_cost(settings, run, *over)
+        return Verdict(error=CostExceededError(f"task {run.task_id}: {plan.why}"))
+    return Verdict()
+
+
+def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: str,
+            now: float | None = None) -> bool:
+    """Celery revoked the task on ``node`` (its message dropped, or its process terminated):
+    FAILED with ``reason``. Nothing is charged and no episode counts against the node: the
+    caller stopped it. Celery has stored REVOKED for the caller already. False when this
+    attempt no longer holds the task (re-awarded, finished)."""
+    now = time.time() if now is None else now
+    with write_session(settings.database_url) as session:
+        return transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
+                          from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt,
+                          expect_node=node, at=now, detail={"error": reason, "revoked": True},
+                          error=reason, finished_at=now, due_at=None)
+
+
+def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
+    """The pool process was killed at the hard time limit: the attempt is FAILED.
+
+    Called in the worker's main process (Celery reports hard timeouts there). Celery has already
+    stored the failure for the caller, so this is final: no retry is planned, and the store
+    agrees with what ``.get()`` saw. Returns the node whose attempt failed, or None when there
+    was nothing to fail.
+    """
+    now = time.time()
+    with write_session(settings.database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None or row.state != states.EXECUTING or row.assigned_node is None:
+            return None
+        node = row.assigned_node
+        rfp = Announcement.model_validate(row.spec)
+        run = Running(task_id, row.attempt, node, Start.FIRST, rfp,
+                      began=time.monotonic() - (now - (row.started_at or now)))
+        _episode(session, run, success=False, now=now, cost=0.0, error=error)
+        failed = transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
+                            expect_attempt=row.attempt, expect_node=node, at=now,
+                            detail={"error": error, "why": "hard time limit"}, error=error,
+                            finished_at=now)
+    return node if failed else None
+
+
+def _notify_cost(settings: Settings, run: Running, budget: float, spent: float) -> None:
+    from bidding.signals import cost_exceeded, notify
+
+    notify(settings, cost_exceeded, "cost_exceeded", task_id=run.task_id, budget=budget,
+           spent=spent, node=run.node, attempt=run.attempt)
+
+
+def retry_requested(settings: Settings, run: Running, delay: float,
+                    args: Sequence[Any] | None = None,
+                    kwargs: Mapping[str, Any] | None = None) -> bool:
+    """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds,
+    with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise)."""
+    if run.rfp is None:
+        return False
+    now = time.time()
+    rfp = run.rfp
+    update: dict[str, Any] = {"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
+                              "exclude_nodes": retry_exclusions(rfp, run.node),
+                              "announced_at": now}
+    if args is not None:
+        update["args"] = list(args)
+    if kwargs is not None:
+        update["kwargs"] = dict(kwargs)
+    nxt = rfp.model_copy(update=update)
+    with write_session(settings.database_url) as session:
+        return _to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
+
+
+def _to_retrying(session: Session, run: Running, nxt: Announcement, now: float, delay: float,
+                 why: str, error: str | None = None) -> bool:
+    """EXECUTING -> RETRYING: the next attempt's spec, announced again at ``now + delay``."""
+    detail: dict[str, Any] = {"delay_s": round(delay, 3), "why": why,
+                              "next_attempt": nxt.attempt}
+    if error is not None:
+        detail["error"] = error
+    return transition(
+        session, run.task_id, states.RETRYING, kind=journal.RETRYING,
+        expect_attempt=run.attempt, expect_node=run.node, at=now, detail=detail,
+        attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + delay,
+        assigned_node=None, error=error,
+    )
+
+
+def report_progress(settings: Settings, run: Running, current: float, total: float,
+                    note: str) -> dict[str, Any]:
+    """Record a PROGRESS_UPDATE (AITP 5.3) and return the progress as stored."""
+    percent = round(100.0 * current / total, 1) if total else None
+    progress = {"current": current, "total": total, "percent": percent, "note": note,
+                "node": run.node, "attempt": run.attempt, "at": time.time()}
+    with write_session(settings.database_url) as session:
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == run.task_id,
+                   AnnouncementRow.attempt == run.attempt,
+                   AnnouncementRow.state == states.EXECUTING)
+            .values(progress=progress)
+        )
+        journal.record(session, run.task_id, journal.PROGRESS_UPDATE, node=run.node,
+                       attempt=run.attempt, current=current, total=total, percent=percent,
+                       note=note)
+    return progress
+
+

@@ -1,0 +1,178 @@
+"""A task's final outcome as its caller must see it: kept in the store, and written to the
+result backend again whenever the first write may have failed.
+
+The store is the source of truth: a finished task's row holds its JSON result
+(``{"value": ...}``) or its error (``{"exception": {...}}``, Celery's JSON form of an
+exception). Celery writes the result backend after the body returns; if that write fails (the
+broker, which is often the backend too, is restarting), or the worker dies between the store
+and the backend, or a failure no worker sees cannot be stored for the caller, the row gets a
+``report_due`` time, and a sweeper (``report_results``) compares the backend with the store
+and writes the store's outcome where the backend lacks it. ``.get()`` in any process then
+returns the real result or the real error, never a transport error for a task that succeeded.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, cast
+
+from celery import Celery, states
+from sqlalchemy import CursorResult, bindparam, select, update
+
+from bidding.config import Settings
+from bidding.errors import BiddingError
+from bidding.execution.canvas import caller_request
+from bidding.lifecycle import states as lifecycle
+from bidding.models import Announcement
+from bidding.store import read_session, write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a sweeper holds a due report while it writes it (others leave it alone).
+REPORT_LEASE = 30.0
+#: Seconds before a report whose write failed (the backend still down) is tried again.
+REPORT_BACKOFF = 5.0
+
+
+def value_json(value: Any) -> dict[str, Any]:
+    """The stored outcome of a task that returned ``value``."""
+    return {"value": value}
+
+
+def exception_json(exc: BaseException) -> dict[str, Any]:
+    """The stored outcome of a task that failed with ``exc``: Celery's JSON form of an
+    exception (type, module, arguments), which its result backend turns back into one."""
+    return {"exception": {"exc_type": type(exc).__name__, "exc_module": type(exc).__module__,
+                          "exc_message": [str(a) for a in exc.args] or [str(exc)]}}
+
+
+_DUE = (select(AnnouncementRow.task_id, AnnouncementRow.state, AnnouncementRow.result,
+               AnnouncementRow.error, AnnouncementRow.spec)
+        .where(AnnouncementRow.report_due <= bindparam("now"))
+        .order_by(AnnouncementRow.report_due)
+        .limit(bindparam("limit")))
+_LEASE = (update(AnnouncementRow)
+          .where(AnnouncementRow.task_id == bindparam("r_task"),
+                 AnnouncementRow.report_due <= bindparam("r_now"))
+          .values(report_due=bindparam("r_lease")))
+_DONE = (update(AnnouncementRow)
+         .where(AnnouncementRow.task_id == bindparam("r_task"),
+                AnnouncementRow.report_due == bindparam("r_lease"))
+         .values(report_due=bindparam("r_next")))
+
+
+def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
+                exc: BaseException) -> None:
+    """Store ``exc`` as ``rfp``'s result, and run what its canvas says happens on failure
+    (errbacks, the chain after it, its chord), as a worker would; for failures no worker sees
+    (no bids, escalated, a lost winner with ``on_agent_offline="fail"``).
+
+    The store keeps the error either way; when the backend cannot be written (the broker that
+    is also the backend is restarting), a sweeper writes it once it can.
+    """
+    try:
+        app.backend.mark_as_failure(rfp.task_id, exc, request=caller_request(rfp))
+    except Exception as error:
+        logger.warning("task %s: storing its failure for the caller failed (%s); a sweeper "
+                       "writes it again", rfp.task_id, error)
+        report_later(settings, rfp.task_id, REPORT_BACKOFF, exception_json(exc))
+        return
+    with write_session(settings.database_url) as session:
+        session.execute(update(AnnouncementRow)
+                        .where(AnnouncementRow.task_id == rfp.task_id,
+                               AnnouncementRow.result.is_(None))
+                        .values(result=exception_json(exc)))
+
+
+def report_later(settings: Settings, task_id: str, delay: float = 1.0,
+                 outcome: dict[str, Any] | None = None) -> None:
+    """Make a sweeper write ``task_id``'s final outcome to the result backend in ``delay``
+    seconds (with ``outcome``, store it first, where the row has none)."""
+    with write_session(settings.database_url) as session:
+        session.execute(update(AnnouncementRow)
+                        .where(AnnouncementRow.task_id == task_id)
+                        .values(report_due=time.time() + delay))
+        if outcome is not None:
+            session.execute(update(AnnouncementRow)
+                            .where(AnnouncementRow.task_id == task_id,
+                                   AnnouncementRow.result.is_(None))
+                            .values(result=outcome))
+
+
+def report_results(settings: Settings, app: Celery, now: float | None = None,
+                   limit: int = 50) -> int:
+    """Write to the result backend the final outcomes due for it (a sweeper phase); returns
+    how many were written. Each is leased first, so concurrent sweepers write it once."""
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        due = session.execute(_DUE, {"now": now, "limit": limit}).all()
+    written = 0
+    for task_id, state, outcome, error, spec in due:
+        lease = now + REPORT_LEASE
+        with write_session(settings.database_url) as session:
+            taken = cast(CursorResult[Any], session.execute(
+                _LEASE, {"r_task": task_id, "r_now": now, "r_lease": lease})).rowcount
+        if taken != 1:
+            continue
+        follow_up: float | None = None
+        try:
+            if _report(app, task_id, state, outcome, error, spec):
+                written += 1
+        except Exception as exc:  # the backend still down: later
+            logger.warning("task %s: writing its result to the backend failed (%s); again "
+                           "in %gs", task_id, exc, REPORT_BACKOFF)
+            follow_up = time.time() + REPORT_BACKOFF
+        with write_session(settings.database_url) as session:
+            session.execute(_DONE, {"r_task": task_id, "r_lease": lease, "r_next": follow_up})
+    return written
+
+
+def _report(app: Celery, task_id: str, state: str, outcome: dict[str, Any] | None,
+            error: str | None, spec: dict[str, Any]) -> bool:
+    """Write one task's final outcome where the backend lacks it; False when it had it."""
+    if state not in lifecycle.FINAL_STATES:
+        return False  # moved on (a reset): nothing final to report
+    backend = app.backend
+    meta = backend.get_task_meta(task_id)
+    have = meta.get("status")
+    rfp = Announcement.model_validate(spec)
+    request = caller_request(rfp)
+    if state == lifecycle.SUCCESS:
+        if have == states.SUCCESS:
+            return False
+        value = (outcome or {}).get("value")
+        backend.mark_as_done(task_id, value, request=request)
+        logger.info("task %s: its result is in the backend now (it had %s)", task_id, have)
+        return True
+    if have in (states.FAILURE, states.REVOKED) and (outcome or {}).get("exception") is None:
+        return False
+    if have == states.FAILURE and _same_error(backend, meta, outcome):
+        return False
+    exc = _exception(backend, outcome, error)
+    backend.mark_as_failure(task_id, exc, request=request, call_errbacks=have is None
+                            or have not in states.READY_STATES)
+    logger.info("task %s: its failure is in the backend now (it had %s)", task_id, have)
+    return True
+
+
+def _same_error(backend: Any, meta: dict[str, Any], outcome: dict[str, Any] | None) -> bool:
+    stored = (outcome or {}).get("exception") or {}
+    found = meta.get("result")
+    return isinstance(found, BaseException) and type(found).__name__ == stored.get("exc_type")
+
+
+def _exception(backend: Any, outcome: dict[str, Any] | None, error: str | None) -> BaseException:
+    """The stored error as an exception (the task's own class where it can be rebuilt)."""
+    stored = (outcome or {}).get("exception")
+    if stored:
+        try:
+            exc = backend.exception_to_python(stored)
+            if isinstance(exc, BaseException):
+                return exc
+        except Exception:  # a class that cannot be rebuilt here: its text still reaches them
+            logger.debug("cannot rebuild %r", stored, exc_info=True)
+        return BiddingError(f"{stored.get('exc_type')}: "
+                            f"{' '.join(stored.get('exc_message') or [])}")
+    return BiddingError(error or "the task failed")

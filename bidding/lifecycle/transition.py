@@ -1,0 +1,204 @@
+"""Applying a state transition to the store: a compare-and-set, logged as a message.
+
+Every change of a task's state goes through ``transition`` (or ``apply``, which also takes a
+path of steps and returns columns). It moves the task only from the states
+``states.ALLOWED`` permits (optionally narrowed), and only for the expected attempt and node;
+a refused transition is logged as ILLEGAL_TRANSITION with the state it found, never applied.
+
+The statements are Core statements built once per shape (which columns are set, which
+conditions apply) and cached: building an ORM ``update()`` and synchronizing the session cost
+more than the database work itself.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from itertools import pairwise
+from typing import Any, Final, cast
+
+from sqlalchemy import CursorResult, Select, Table, Update, bindparam, select, update
+from sqlalchemy.orm import Session
+
+from bidding.lifecycle import journal, states
+from bidding.store.schema import Announcement as AnnouncementRow
+
+_TABLE: Final = cast(Table, AnnouncementRow.__table__)
+#: What a refused transition reports it found (then the caller's ``returning`` columns).
+_FOUND: Final = ("state", "attempt", "assigned_node")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One transition of a path: the target state, its message and the columns it sets."""
+
+    target: str
+    kind: str
+    #: The message's node (default: the expected node).
+    message_node: str | None = None
+    detail: Mapping[str, Any] | None = None
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``apply`` did."""
+
+    moved: bool
+    #: Moved: the ``returning`` columns as updated. Refused: the task's state, attempt,
+    #: assigned_node and then the ``returning`` columns, as found; None when no such task.
+    row: Sequence[Any] | None = None
+
+
+def transition(
+    session: Session,
+    task_id: str,
+    target: str,
+    *,
+    kind: str,
+    from_states: Iterable[str] | None = None,
+    expect_attempt: int | None = None,
+    expect_node: str | None = None,
+    due_by: float | None = None,
+    message_node: str | None = None,
+    at: float | None = None,
+    detail: dict[str, Any] | None = None,
+    **values: Any,
+) -> bool:
+    """Move ``task_id`` to ``target`` and log ``kind``; False (and logged) when refused.
+
+    ``from_states`` narrows the allowed sources (it must be a subset of them);
+    ``expect_attempt`` and ``expect_node`` make the change conditional on the task's current
+    attempt and assigned node, ``due_by`` on its ``due_at`` having come by then (a watchdog's
+    condition: another sweeper may have dealt with it meanwhile). ``values`` are the columns
+    to set (``attempt=`` included).
+    """
+    return apply(session, task_id, (Step(target, kind, message_node, detail, values),),
+                 from_states=from_states, expect_attempt=expect_attempt,
+                 expect_node=expect_node, due_by=due_by, at=at).moved
+
+
+def apply(
+    session: Session,
+    task_id: str,
+    steps: Sequence[Step],
+    *,
+    from_states: Iterable[str] | None = None,
+    expect_attempt: int | None = None,
+    expect_node: str | None = None,
+    due_by: float | None = None,
+    at: float | None = None,
+    returning: Sequence[str] = (),
+) -> Outcome:
+    """Move ``task_id`` along ``steps`` with one UPDATE, logging one message per step.
+
+    The conditions (``from_states``, ``expect_attempt``, ``expect_node``, ``due_by``) are those
+    of the first step, exactly as ``transition`` applies them. Each later step must be allowed
+    from the one before it (else ValueError): in the same transaction, right after the first
+    step, it could not be refused, so the path is what the transitions one after the other would
+    do. A refused path is logged as one ILLEGAL_TRANSITION of its first step (``returning``
+    then names columns to read back, see ``Outcome.row``).
+    """
+    if not steps:
+        raise ValueError("a transition needs at least one step")
+    first = steps[0]
+    allowed = states.sources(first.target)
+    if from_states is not None:
+        narrowed = frozenset(from_states)
+        if not narrowed <= allowed:
+            raise ValueError(f"{sorted(narrowed - allowed)} -> {first.target} is not a transition")
+        allowed = narrowed
+    values: dict[str, Any] = dict(first.values)
+    for before, step in pairwise(steps):
+        if not states.can_transition(before.target, step.target):
+            raise ValueError(f"{before.target} -> {step.target} is not a transition")
+        values.update(step.values)
+    at = time.time() if at is None else at
+    if session.autoflush:
+        session.flush()  # what an ORM statement's autoflush did: pending rows are visible
+    dialect = session.get_bind().dialect
+    with_returning = bool(returning) and dialect.update_returning
+    stmt = _update(tuple(sorted(allowed)), steps[-1].target, expect_attempt is not None,
+                   expect_node is not None, due_by is not None,
+                   tuple(sorted(k for k, v in values.items() if v is not None)),
+                   tuple(sorted(k for k, v in values.items() if v is None)),
+                   tuple(returning) if with_returning else ())
+    params: dict[str, Any] = {f"v_{k}": v for k, v in values.items() if v is not None}
+    params["t_task_id"] = task_id
+    if expect_attempt is not None:
+        params["t_attempt"] = expect_attempt
+    if expect_node is not None:
+        params["t_node"] = expect_node
+    if due_by is not None:
+        params["t_due"] = due_by
+    result = cast(CursorResult[Any], session.execute(stmt, params))
+    if with_returning:
+        row = result.one_or_none()
+        moved = row is not None
+    else:
+        moved = result.rowcount == 1
+        row = None
+    if moved:
+        _expire_loaded(session, task_id)
+        if returning and not with_returning:
+            row = session.execute(_select(tuple(returning)), {"t_task_id": task_id}).one()
+        rows = []
+        attempt = expect_attempt
+        for step in steps:
+            attempt = step.values.get("attempt", attempt)
+            rows.append(journal.message(task_id, step.kind,
+                                        node=step.message_node or expect_node,
+                                        attempt=attempt or 1, at=at, **(step.detail or {})))
+        journal.write(session, rows)
+        return Outcome(True, row)
+    found = session.execute(_select(_FOUND + tuple(returning)),
+                            {"t_task_id": task_id}).one_or_none()
+    journal.record(
+        session, task_id, journal.ILLEGAL_TRANSITION, node=first.message_node or expect_node,
+        attempt=first.values.get("attempt", expect_attempt) or 1, at=at, target=first.target,
+        wanted=first.kind,
+        current=None if found is None else found[0],
+        current_attempt=None if found is None else found[1],
+        current_node=None if found is None else found[2],
+        expected_attempt=expect_attempt, expected_node=expect_node,
+    )
+    return Outcome(False, found)
+
+
+@lru_cache(maxsize=256)
+def _update(allowed: tuple[str, ...], target: str, by_attempt: bool, by_node: bool,
+            by_due: bool, keys: tuple[str, ...], nulls: tuple[str, ...],
+            returning: tuple[str, ...]) -> Update:
+    c = _TABLE.c
+    # One source state (the usual case) is a plain comparison: an IN is expanded per execution.
+    state = c.state == allowed[0] if len(allowed) == 1 else c.state.in_(allowed)
+    stmt = update(_TABLE).where(c.task_id == bindparam("t_task_id"), state)
+    if by_attempt:
+        stmt = stmt.where(c.attempt == bindparam("t_attempt"))
+    if by_node:
+        stmt = stmt.where(c.assigned_node == bindparam("t_node"))
+    if by_due:  # NULL (nothing due) fails it too
+        stmt = stmt.where(c.due_at <= bindparam("t_due"))
+    # None is SQL NULL (as a literal None in ``values()`` is), also for JSON columns.
+    stmt = stmt.values(state=target, **{k: bindparam(f"v_{k}") for k in keys},
+                       **dict.fromkeys(nulls))
+    if returning:
+        stmt = stmt.returning(*(c[name] for name in returning))
+    return stmt
+
+
+@lru_cache(maxsize=64)
+def _select(columns: tuple[str, ...]) -> Select[Any]:
+    return select(*(_TABLE.c[name] for name in columns)).where(
+        _TABLE.c.task_id == bindparam("t_task_id"))
+
+
+def _expire_loaded(session: Session, task_id: str) -> None:
+    """A row of this task loaded in the session reloads the columns the UPDATE changed (what
+    an ORM update's session synchronization did)."""
+    if session.identity_map:
+        loaded = session.identity_map.get(session.identity_key(AnnouncementRow, task_id))
+        if loaded is not None:
+            session.expire(loaded)

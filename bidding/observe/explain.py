@@ -1,0 +1,212 @@
+"""``bidding.explain(task_id)``: every bid of a task's auction, its score breakdown, the winner."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from bidding.auction.board import get_board
+from bidding.config import get_settings
+from bidding.errors import ConfigurationError, UnknownTaskError
+from bidding.lifecycle import states
+from bidding.models import Bid
+from bidding.store import ensure_schema, read_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import BidRow, Message
+
+logger = logging.getLogger(__name__)
+
+
+class BidView(BaseModel):
+    """One bid or refusal as the award saw it."""
+
+    node: str
+    attempt: int
+    will_bid: bool
+    reason: str = ""
+    capability: float | None = None
+    experience: float | None = None
+    load: float | None = None
+    confidence: float | None = None
+    cost: float | None = None
+    latency_ms: float | None = None
+    trust: float | None = None
+    score: float | None = None
+    breakdown: dict[str, Any] = {}
+    is_winner: bool = False
+    late: bool = False
+    #: Milliseconds from the announcement to this answer.
+    answered_after_ms: float
+
+
+class MessageView(BaseModel):
+    """One entry of the task's message log."""
+
+    kind: str
+    node: str | None
+    attempt: int
+    at: float
+    detail: dict[str, Any]
+
+
+class Explanation(BaseModel):
+    """Why a task went where it went."""
+
+    task_id: str
+    task_name: str
+    task_type: str
+    state: str
+    strategy: str
+    required_skills: list[str]
+    preferred_node: str | None
+    candidates: list[str]
+    winner: str | None
+    winning_score: float | None
+    outcome: str | None
+    closed_by: str | None
+    error: str | None
+    announced_at: float
+    awarded_at: float | None
+    #: Milliseconds from announcement to award (seed 000's assignment latency).
+    assignment_ms: float | None
+    bids: list[BidView]
+    messages: list[MessageView]
+
+    def render(self) -> str:
+        """A plain-text report for terminals."""
+        lines = [
+            f"task {self.task_id}  {self.task_name}  type={self.task_type}  state={self.state}",
+            f"  required skills: {', '.join(self.required_skills) or '-'}"
+            f"   preferred node: {self.preferred_node or '-'}   strategy: {self.strategy}",
+            f"  candidates: {', '.join(self.candidates) or '(none)'}",
+        ]
+        if self.winner:
+            lines.append(
+                f"  winner: {self.winner} ({self.outcome}, score "
+                f"{_num(self.winning_score)}) closed by {self.closed_by} after "
+                f"{_num(self.assignment_ms, 1)} ms"
+            )
+        else:
+            lines.append(f"  no winner ({self.closed_by}): {self.error}")
+        lines.append(
+            f"  {'node':<10} {'score':>6} {'cap':>5} {'exp':>5} {'load':>5} {'conf':>5} "
+            f"{'cost':>7} {'lat':>5} {'trust':>5}  breakdown / reason"
+        )
+        for b in sorted(self.bids, key=lambda b: (not b.is_winner, -(b.score or -1), b.node)):
+            mark = "*" if b.is_winner else " "
+            if not b.will_bid:
+                lines.append(f" {mark}{b.node:<10} refused: {b.reason}")
+                continue
+            detail = _breakdown_text(b.breakdown)
+            if b.late:
+                detail = "late (after close) " + detail
+            lines.append(
+                f" {mark}{b.node:<10} {_num(b.score):>6} {_num(b.capability, 2):>5} "
+                f"{_num(b.experience, 2):>5} {_num(b.load, 2):>5} {_num(b.confidence, 2):>5} "
+                f"{_num(b.cost, 4):>7} {_num(b.latency_ms, 0):>5} {_num(b.trust, 0):>5}  {detail}"
+            )
+        return "\n".join(lines)
+
+
+def _num(value: float | None, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _breakdown_text(breakdown: dict[str, Any]) -> str:
+    if not breakdown:
+        return ""
+    if not breakdown.get("eligible", True):
+        return f"ineligible: {breakdown.get('reason', '')}"
+    terms = " + ".join(f"{k} {v:.3f}" for k, v in breakdown.get("terms", {}).items())
+    mult = " ".join(f"x{v:g} {k}" for k, v in breakdown.get("multipliers", {}).items())
+    reason = breakdown.get("reason") or ""
+    return " ".join(p for p in (terms, mult, f"({reason})" if reason else "") if p)
+
+
+def explain(task_id: str, app: Celery | None = None, *,
+            database_url: str | None = None) -> Explanation:
+    """The award of ``task_id``: all bids with their scores, the winner, the strategy, timings.
+
+    Pass the Celery ``app`` (its ``bidding_database_url`` is used) or a ``database_url``.
+    """
+    if database_url is None:
+        if app is None:
+            raise ConfigurationError("explain: pass app= or database_url=")
+        database_url = get_settings(app).database_url
+    ensure_schema(database_url)
+    with read_session(database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None:
+            raise UnknownTaskError(f"task {task_id}: no such announcement in the store")
+        bids = session.scalars(
+            select(BidRow).where(BidRow.task_id == task_id).order_by(BidRow.id)
+        ).all()
+        messages = session.scalars(
+            select(Message).where(Message.task_id == task_id).order_by(Message.id)
+        ).all()
+        views = [
+            BidView(
+                node=b.node, attempt=b.attempt, will_bid=b.will_bid, reason=b.reason,
+                capability=b.capability, experience=b.experience, load=b.load,
+                confidence=b.confidence, cost=b.cost, latency_ms=b.latency_ms,
+                trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
+                is_winner=b.is_winner, late=b.late,
+                answered_after_ms=(b.bid_at - row.announced_at) * 1000,
+            )
+            for b in bids
+        ]
+        if row.state == states.BIDDING and app is not None:
+            views.extend(_pending(app, task_id, row.attempt, row.announced_at))
+        return Explanation(
+            task_id=row.task_id,
+            task_name=row.task_name,
+            task_type=row.task_type,
+            state=row.state,
+            strategy=row.strategy,
+            required_skills=list(row.required_skills),
+            preferred_node=row.preferred_node,
+            candidates=list(row.candidates),
+            winner=row.assigned_node,
+            winning_score=row.winning_score,
+            outcome=row.outcome,
+            closed_by=row.closed_by,
+            error=row.error,
+            announced_at=row.announced_at,
+            awarded_at=row.awarded_at,
+            assignment_ms=(row.awarded_at - row.announced_at) * 1000 if row.awarded_at else None,
+            bids=views,
+            messages=[
+                MessageView(kind=m.kind, node=m.node, attempt=m.attempt, at=m.at,
+                            detail=dict(m.detail or {}))
+                for m in messages
+            ],
+        )
+
+
+def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
+    """Answers of an open auction that are still on a Redis bid board (not scored yet)."""
+    board = get_board(get_settings(app), app)
+    if not board.writes_on_award:
+        return []
+    try:
+        answers = board.peek(task_id, attempt)
+    except Exception:  # explain still shows what the store knows
+        logger.warning("bid board unavailable: open auction %s shown without its answers",
+                       task_id, exc_info=True)
+        return []
+    views = []
+    for a in answers:
+        common: dict[str, Any] = {"node": a.node, "attempt": a.attempt,
+                                  "answered_after_ms": (a.bid_at - announced_at) * 1000}
+        if isinstance(a, Bid):
+            views.append(BidView(will_bid=True, capability=a.capability,
+                                 experience=a.experience, load=a.load,
+                                 confidence=a.confidence, cost=a.cost,
+                                 latency_ms=a.latency_ms, trust=a.trust, **common))
+        else:
+            views.append(BidView(will_bid=False, reason=a.reason, **common))
+    return views

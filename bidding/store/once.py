@@ -1,0 +1,54 @@
+"""INSERT a row once: a duplicate of a unique key is skipped, on every database.
+
+An attempt's ledger entry and episode are unique per (task, attempt, node): a redelivered
+execution, or a sweeper racing the node, must not charge or count it twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from sqlalchemy import Executable, Table, insert
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+
+def insert_once(session: Session, table: Table, values: dict[str, Any],
+                 report: bool = False) -> bool:
+    """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already).
+    With ``report``, say whether it was inserted (else True)."""
+    dialect = session.get_bind().dialect.name
+    key = (dialect, table.name, report)
+    stmt = _INSERT_ONCE.get(key)
+    if stmt is None and dialect in _ON_CONFLICT:
+        stmt = _ON_CONFLICT[dialect](table)
+        if report:  # RETURNING tells (psycopg reports no rowcount here); it costs a fetch
+            stmt = stmt.returning(*table.primary_key.columns)
+        _INSERT_ONCE[key] = stmt
+    if stmt is not None:
+        result = session.execute(stmt, values)
+        return result.first() is not None if report else True
+    try:  # another database: a savepoint, rolled back on the duplicate
+        with session.begin_nested():
+            session.execute(insert(table), values)
+    except IntegrityError:
+        return False
+    return True
+
+
+def _on_conflict_sqlite(table: Table) -> Any:
+    return sqlite_insert(table).on_conflict_do_nothing()
+
+
+def _on_conflict_postgresql(table: Table) -> Any:
+    return postgresql_insert(table).on_conflict_do_nothing()
+
+
+_ON_CONFLICT: Final[dict[str, Callable[[Table], Any]]] = {
+    "sqlite": _on_conflict_sqlite, "postgresql": _on_conflict_postgresql}
+
+
+_INSERT_ONCE: dict[tuple[str, str, bool], Executable] = {}

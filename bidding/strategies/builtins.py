@@ -1,0 +1,215 @@
+"""The built-in selection strategies of seed 003 (and seed 000's composite, AITP's routing).
+
+Each scores every bid (``score``/``score_all``, so ``bidding explain`` shows every breakdown)
+and picks the highest; among equal scores the least busy node, then one at random.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from bidding.errors import ConfigurationError
+from bidding.models import Announcement, Bid, Score
+from bidding.strategies import formulas
+from bidding.strategies.protocol import NodeCapability
+
+#: Scores closer than this are a tie.
+TIE_EPSILON = 1e-9
+
+
+def _skills_of(bid: Bid, capabilities: Mapping[str, NodeCapability]) -> list[str]:
+    cap = capabilities.get(bid.node)
+    return list(cap.skills) if cap is not None else list(bid.skills)
+
+
+def break_tie(tied: Sequence[Bid], rng: random.Random) -> Bid:
+    """Among equally scored bids, the least busy node (in-flight / capacity), then at random.
+
+    Concurrent auctions over equal idle nodes would otherwise pile onto one node by chance;
+    the award refreshes each bid's in-flight count first, so this is the in-flight reservation.
+    """
+    if len(tied) == 1:
+        return tied[0]
+    busy = {b.node: b.in_flight / b.capacity for b in tied}
+    least = min(busy.values())
+    return rng.choice([b for b in tied if busy[b.node] <= least + TIE_EPSILON])
+
+
+@dataclass
+class _Scored:
+    """Shared ranking for the built-ins: highest score wins; see ``break_tie`` for ties."""
+
+    name: ClassVar[str] = ""
+    #: Keyword-only, so ``WeightedScore(0.2, 0.8)`` sets the weights as in seed 003.
+    rng: random.Random = field(default_factory=random.Random, repr=False, compare=False,
+                               kw_only=True)
+
+    def score_all(
+        self,
+        bids: Sequence[Bid],
+        rfp: Announcement,
+        capabilities: Mapping[str, NodeCapability],
+    ) -> list[Score]:
+        """Score every bid of one auction."""
+        return [self.score(b, rfp, capabilities) for b in bids]
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """Score one bid (implemented by each built-in)."""
+        raise NotImplementedError
+
+    def select(
+        self,
+        bids: Sequence[Bid],
+        rfp: Announcement,
+        capabilities: Mapping[str, NodeCapability],
+    ) -> Bid | None:
+        """The highest-scoring bid; among equal scores the least busy, then one at random."""
+        if not bids:
+            return None
+        scores = self.score_all(bids, rfp, capabilities)
+        scored = [(s.total, b) for s, b in zip(scores, bids, strict=True)]
+        best = max(total for total, _ in scored)
+        tied = [b for total, b in scored if best - total <= TIE_EPSILON]
+        return break_tie(tied, self.rng)
+
+
+@dataclass
+class HighestConfidence(_Scored):
+    """Seed 003 3.1: the most confident bid wins."""
+
+    name: ClassVar[str] = "highest_confidence"
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """The bid's confidence."""
+        return Score(node=bid.node, total=bid.confidence, terms={"confidence": bid.confidence})
+
+
+@dataclass
+class BestSkillMatch(_Scored):
+    """Seed 003 3.2: the bid whose node covers most of the required skills wins."""
+
+    name: ClassVar[str] = "best_skill_match"
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """Fraction of required skills covered (0 when the task requires none, as in seed 003)."""
+        match = formulas.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
+        return Score(node=bid.node, total=match, terms={"skill_match": match})
+
+
+@dataclass
+class WeightedScore(_Scored):
+    """Seed 003 3.3, the default: ``0.6 * confidence + 0.4 * skill match``, x slot share.
+
+    Without required skills the seeds disagree (001: bare confidence; 003: confidence * 0.6).
+    We follow seed 001: the score is the bare confidence, so it stays on the same 0-1 scale as
+    a fully matched bid's; the ranking is the same either way.
+
+    ``slot_share`` (our addition, on by default) multiplies the score by
+    ``min(1, capacity / (in_flight + 1))``: among nodes with a free slot the best estimate wins,
+    and a full node wins only when it is proportionally better, instead of queueing work behind
+    its busy slots (bench/quality.py: P2). ``WeightedScore(slot_share=False)`` is seed 003's form.
+    """
+
+    name: ClassVar[str] = "weighted"
+    confidence_weight: float = 0.6
+    skill_weight: float = 0.4
+    slot_share: bool = True
+
+    def __post_init__(self) -> None:
+        for label, w in (("confidence_weight", self.confidence_weight),
+                         ("skill_weight", self.skill_weight)):
+            if w < 0:
+                raise ConfigurationError(f"WeightedScore.{label}: must be >= 0 (got {w})")
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """Weighted confidence and skill match (bare confidence when no skill is required),
+        times the slot share."""
+        if not rfp.required_skills:
+            terms = {"confidence": bid.confidence}
+        else:
+            match = formulas.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
+            terms = {
+                "confidence": self.confidence_weight * bid.confidence,
+                "skill_match": self.skill_weight * match,
+            }
+        total = sum(terms.values())
+        multipliers: dict[str, float] = {}
+        share = formulas.slot_share(bid.in_flight, bid.capacity) if self.slot_share else 1.0
+        if share < 1.0:
+            multipliers["slot_share"] = share
+            total *= share
+        return Score(node=bid.node, total=total, terms=terms, multipliers=multipliers)
+
+
+@dataclass
+class Composite(_Scored):
+    """Seed 000's composite score: capability 40%, experience 30%, load 20%, confidence 10%."""
+
+    name: ClassVar[str] = "composite"
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """The composite with the preferred-node bonus and recent-failure penalty, capped at 1."""
+        total, terms, multipliers = formulas.composite_score(
+            bid.capability,
+            bid.experience,
+            bid.load,
+            bid.confidence,
+            is_preferred_node=bid.is_preferred_node,
+            recent_failures=bid.recent_failures,
+        )
+        return Score(node=bid.node, total=total, terms=terms, multipliers=multipliers)
+
+
+@dataclass
+class Routing(_Scored):
+    """AITP 4.2's routing score over capability, trust, latency and cost.
+
+    ``max_cost`` is the task's budget when it has one, else the dearest bid of the auction.
+    """
+
+    name: ClassVar[str] = "routing"
+
+    def score_all(
+        self,
+        bids: Sequence[Bid],
+        rfp: Announcement,
+        capabilities: Mapping[str, NodeCapability],
+    ) -> list[Score]:
+        """Score every bid against the auction's own cost range."""
+        max_cost = self.max_cost(bids, rfp)
+        return [self._score(b, max_cost) for b in bids]
+
+    @staticmethod
+    def max_cost(bids: Sequence[Bid], rfp: Announcement) -> float:
+        """The cost that scores 0: the budget, else the highest bid cost."""
+        if rfp.budget is not None and rfp.budget > 0:
+            return rfp.budget
+        return max((b.cost for b in bids), default=0.0)
+
+    def score(
+        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    ) -> Score:
+        """The routing score of a bid alone (its cost range is its own budget or cost)."""
+        return self._score(bid, self.max_cost([bid], rfp))
+
+    @staticmethod
+    def _score(bid: Bid, max_cost: float) -> Score:
+        total, terms = formulas.routing_score(
+            bid.capability, bid.trust, bid.latency_ms, bid.cost, max_cost
+        )
+        return Score(node=bid.node, total=total, terms=terms)
+
+
