@@ -45,8 +45,27 @@ def install(app: Celery) -> Celery:
             help="Node profile (TOML) this worker bids with; also BIDDING_PROFILE.",
         )
     )
+    if app.configured:
+        _retry_result_writes(app)
+    else:
+        app.on_after_configure.connect(_retry_result_writes, sender=app, weak=False)
     setattr(app, _INSTALLED, True)
     return app
+
+
+#: Celery's result-backend retry settings bidding sets when the user's config does not: a
+#: result written while the broker (the backend too, usually) restarts is retried with
+#: backoff, up to about three minutes; past that a sweeper writes it from the store.
+RESULT_RETRIES: dict[str, Any] = {"result_backend_always_retry": True,
+                                  "result_backend_max_retries": 20}
+
+
+def _retry_result_writes(sender: Celery, **_: Any) -> None:
+    conf = sender.conf
+    # conf.maps: the changes made in code, the config source(s), then Celery's defaults.
+    for key, value in RESULT_RETRIES.items():
+        if not any(key in layer for layer in conf.maps[:-1]):
+            conf[key] = value
 
 
 class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
@@ -160,9 +179,14 @@ class HeartbeatStep(_NodeLoopStep):
             self.heartbeat.start()
 
     def stop(self, consumer: Any) -> None:
-        """Mark the node offline."""
+        """Mark the node offline (its consumer restarts: the broker connection was lost)."""
         if self.heartbeat is not None:
             self.heartbeat.stop()
+
+    def shutdown(self, consumer: Any) -> None:
+        """Mark the node stopped (the worker exits)."""
+        if self.heartbeat is not None:
+            self.heartbeat.stop(final=True)
 
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]

@@ -66,6 +66,11 @@ class Settings(BaseModel):
     heartbeat_interval: float = Field(2.0, gt=0)
     #: A node whose last heartbeat is older than this many seconds is not a candidate.
     heartbeat_ttl: float = Field(10.0, gt=0)
+    #: Seconds a node that went offline without stopping (its broker connection lost, its
+    #: consumer restarting) still counts as coming back: a task no live node can do while
+    #: such a node offers its skills waits for it (re-announced every heartbeat interval)
+    #: instead of failing with "No bidders registered". 0 fails at once.
+    liveness_grace: float = Field(10.0, ge=0, le=3600)
     #: Seconds a producer caches the list of live nodes.
     live_cache_seconds: float = Field(1.0, ge=0)
     #: Threads per node worker that answer bid requests (in the main process, never queued

@@ -168,7 +168,7 @@ class Announcement(BaseModel):
     #: Soft time limit of an attempt on the node (a hard limit follows a grace period later).
     timeout_seconds: float | None = Field(None, gt=0)
     #: Seconds the winner has to start the task before it goes to the next-best bidder.
-    schedule_to_start_timeout: float | None = Field(None, gt=0)
+    schedule_to_start_timeout: float | None = Field(None, ge=0)
     #: JSON Schema the result must match for COMPLETED -> SUCCESS (AITP 2.1 output).
     output_schema: dict[str, Any] | None = None
     #: Who makes the bids for this task: "ask" its candidates, or "proxy" (the announcer, from

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 from celery import Task
 from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
-from celery.signals import task_revoked
+from celery.signals import task_internal_error, task_revoked
 from sqlalchemy.engine import make_url
 
 from bidding.auction.announce import announce
@@ -37,6 +37,7 @@ from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
+from bidding.execution.report import report_if_final
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -231,3 +232,19 @@ def _revoked_on_a_node(sender: Any = None, request: Any = None, terminated: bool
             history_changed(settings, sender.app, str(node))
     except Exception:  # never break the worker's revoke handling; the watchdogs remain
         logger.exception("recording the revoke of %s failed", request.id)
+
+
+@task_internal_error.connect  # type: ignore[untyped-decorator]  # Celery is untyped
+def _outcome_not_written(sender: Any = None, task_id: str | None = None,
+                         exception: BaseException | None = None, **_: Any) -> None:
+    """Celery failed outside a bidding task's body, typically writing its result while the
+    broker (the result backend too) restarts, after its retries: the store holds the outcome,
+    and a sweeper writes it to the backend once it can, so the caller gets the real result."""
+    if not isinstance(sender, BiddingTask) or task_id is None:
+        return
+    try:
+        if report_if_final(get_settings(sender.app), task_id):
+            logger.warning("task %s: its outcome did not reach the result backend (%r); a "
+                           "sweeper writes it from the store", task_id, exception)
+    except Exception:  # the store is down too: the watchdogs and the next incarnation remain
+        logger.exception("recording that %s's outcome was not written failed", task_id)

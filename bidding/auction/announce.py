@@ -29,7 +29,7 @@ from bidding.execution.report import fail_caller
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
-from bidding.nodes.registry import LiveNode, live_nodes
+from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.strategies.protocol import decides_at_once
@@ -99,8 +99,12 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
                            opening=lambda session: _record_new(session, rfp, candidates)):
             return True
         proxy = False  # nothing was written: announce as usual, asking the candidates
-    defer = (not candidates and rfp.fallbacks.on_capability_unavailable == "defer"
-             and (rfp.deadline is None or rfp.deadline > time.time()))
+    in_time = rfp.deadline is None or rfp.deadline > time.time()
+    # No live candidate, but capable nodes that lost the broker a moment ago (a restart):
+    # they are coming back, so the task waits for them rather than failing or deferring.
+    waiting = coming_back(settings, rfp.required_skills) if not candidates and in_time else []
+    defer = (not candidates and not waiting
+             and rfp.fallbacks.on_capability_unavailable == "defer" and in_time)
     # A new auction on the Redis board asks for bids before its row is written: the answers go
     # to the board, not the store, and the award waits for the row (close_auction). The row's
     # insert then overlaps the bidding instead of delaying it.
@@ -112,7 +116,10 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
         request_bids(settings, app, rfp, candidates)
     deferred: bool | str = False
     with write_session(settings.database_url) as session:
-        if defer:
+        if waiting:
+            if not _await_nodes(session, settings, rfp, waiting, new=new):
+                return False
+        elif defer:
             deferred = _defer(session, rfp, new=new)
             if not deferred:
                 return False
@@ -127,6 +134,8 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             closes_at=rfp.announced_at + rfp.window, assigned_node=None, awarded_at=None,
         ):
             return False
+    if waiting:
+        return True
     if defer:
         if isinstance(deferred, str):
             # After the commit: errbacks may run here, and must not hold the write lock.
@@ -167,6 +176,29 @@ def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
     if award is not None:
         route_award(app, settings, rfp, award)
     return True
+
+
+def _await_nodes(session: Session, settings: Settings, rfp: Announcement, nodes: list[str],
+                 *, new: bool) -> bool:
+    """Announce ``rfp`` again in a heartbeat interval: no live node can do it now, but
+    ``nodes`` can and are reconnecting. Not a deferral: it neither counts against
+    ``max_deferrals`` nor lasts past ``bidding_liveness_grace`` after they were last seen."""
+    now = time.time()
+    wait = settings.heartbeat_interval
+    due = now + wait
+    detail: dict[str, Any] = {
+        "reason": (f"no live node offers {', '.join(rfp.required_skills) or 'any skill'} "
+                   f"right now; waiting for {', '.join(nodes)} (offline for less than "
+                   f"{settings.liveness_grace:g}s: reconnecting to the broker)"),
+        "retry_in_s": wait, "deferrals": rfp.deferrals, "waiting_for": nodes}
+    if new:
+        session.add(_row(rfp, states.DEFERRED, [], due_at=due))
+        journal.record(session, rfp.task_id, journal.DEFERRED, attempt=rfp.attempt, at=now,
+                       **detail)
+        return True
+    return transition(session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
+                      from_states=states.DUE_STATES, expect_attempt=rfp.attempt, detail=detail,
+                      due_at=due)
 
 
 def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:

@@ -89,7 +89,7 @@ def build_announcement(
         "min_trust": settings.min_trust,
         "candidate_cap": settings.candidate_cap,
         # Kept with the task: the sweepers that watch it go by the announcer's limit.
-        "schedule_to_start_timeout": settings.schedule_to_start_timeout or None,
+        "schedule_to_start_timeout": settings.schedule_to_start_timeout,
         "content": payload,
     }
     merged.update({k: v for k, v in options.items() if v is not None})

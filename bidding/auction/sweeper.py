@@ -4,7 +4,9 @@
 2. announces tasks whose scheduled start, retry backoff or deferral has come
    (``announce.announce_due``);
 3. watches winners (``watchdog.check_winners``): lost or late winners are replaced, undelivered
-   executions sent again.
+   executions sent again;
+4. reports outcomes (``report.report_results``): a final result or error the result backend
+   may lack (its write failed while the broker restarted) is written from the store.
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -24,6 +26,7 @@ from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.watchdog import check_winners
 from bidding.config import Settings
+from bidding.execution.report import report_results
 from bidding.nodes.periodic import Periodic
 
 logger = logging.getLogger(__name__)
@@ -35,13 +38,13 @@ SWEEPS_PER_INTERVAL = 4
 
 
 def sweep(settings: Settings, app: Celery) -> int:
-    """One sweep: close expired auctions, announce due tasks, watch winners.
+    """One sweep: close expired auctions, announce due tasks, report outcomes, watch winners.
 
     Returns the number of nodes alive, which sets the next sweep's interval.
     """
     # Each phase on its own: a failing one (the bid board's Redis unreachable, say) must not
     # stop the others, or retries, deferrals and watchdogs would stop with it.
-    for phase in (close_expired, announce_due):
+    for phase in (close_expired, announce_due, report_results):
         try:
             phase(settings, app)
         except Exception:
@@ -55,7 +58,7 @@ def sweep_interval(settings: Settings, alive: int) -> float:
 
 
 #: The phases of a sweep, by the name each is looked up under when it runs.
-PHASES = ("close_expired", "announce_due", "check_winners")
+PHASES = ("close_expired", "announce_due", "report_results", "check_winners")
 
 
 class Sweeper:

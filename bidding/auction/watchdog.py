@@ -41,7 +41,7 @@ from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Message, Node, Worker
+from bidding.store.schema import BidRow, Episode, Message, Node, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +86,8 @@ _EXECUTING_ON = (
     .where(AnnouncementRow.assigned_node == bindparam("node"),
            AnnouncementRow.state == states.EXECUTING)
 )
+_LAST_FINISH = (select(func.max(Episode.finished_at))
+                .where(Episode.node == bindparam("node")))
 _WORKER_BOOTS = (select(Worker.hostname, Worker.boot_id)
                  .where(Worker.hostname.in_(bindparam("hosts", expanding=True))))
 
@@ -181,13 +183,16 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
                 f"not started {now - (awarded_at or now):.0f}s after its award; "
                 "sent again in case its message was lost")
             return int(resend(settings, app, rfp, attempt, node, now, why, awarded_at or now))
-        if _busy(settings, node, now):
-            # Every pool process of the winner is running another attempt: the task waits in
-            # its queue, through no fault of the node. Its clock starts again from now: it is
-            # measured from when the node could have started it.
+        clock = _start_clock(settings, node, now)
+        wait = limit - now  # the schedule-to-start timeout
+        if clock is not None and clock + wait > now:
+            # Every pool process of the winner ran another attempt until ``clock``: the task
+            # waited in its queue through no fault of the node. Its time to start is measured
+            # from when the node could have started it.
             with write_session(settings.database_url) as session:
                 session.execute(_REARM, {"b_task": task_id, "b_attempt": attempt,
-                                         "b_node": node, "b_now": now, "b_due": limit})
+                                         "b_node": node, "b_now": now,
+                                         "b_due": clock + wait})
             return 0
     if dead:
         reason = f"node {node} stopped heartbeating"
@@ -204,15 +209,20 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
     return 1
 
 
-def _busy(settings: Settings, node: str, now: float) -> bool:
-    """Whether every pool process of ``node``'s live workers runs an attempt (its declared
-    capacity stands in where a worker did not report its pool)."""
+def _start_clock(settings: Settings, node: str, now: float) -> float | None:
+    """Since when ``node`` could have started a task waiting in its queue: ``now`` while every
+    pool process of its live workers runs an attempt (its declared capacity stands in where a
+    worker did not report its pool), else when its latest attempt ended (a process freed),
+    None if it never ran one."""
     with read_session(settings.database_url) as session:
         running = int(session.scalar(_EXECUTING_ON, {"node": node}) or 0)
         slots = live_slots(session, [node], dead_after(settings, now)).get(node)
         if slots is None:
             slots = session.scalar(select(Node.capacity).where(Node.name == node)) or 1
-    return running >= slots
+        if running >= slots:
+            return now
+        freed = session.scalar(_LAST_FINISH, {"node": node})
+    return float(freed) if freed is not None else None
 
 
 #: Seconds before the end of a worker's last heartbeat in which the attempts it finished are

@@ -72,7 +72,9 @@ def delivery_due(settings: Settings, rfp: Announcement, at: float,
 
 def start_by(settings: Settings, rfp: Announcement, awarded_at: float) -> float | None:
     """When the winner must have started the task (schedule-to-start), or None for no limit."""
-    limit = rfp.schedule_to_start_timeout or settings.schedule_to_start_timeout
+    # The task's own (its announcer's default is kept with it), 0 meaning no limit.
+    limit = (rfp.schedule_to_start_timeout if rfp.schedule_to_start_timeout is not None
+             else settings.schedule_to_start_timeout)
     return awarded_at + limit if limit else None
 
 

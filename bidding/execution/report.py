@@ -101,6 +101,18 @@ def report_later(settings: Settings, task_id: str, delay: float = 1.0,
                             .values(result=outcome))
 
 
+def report_if_final(settings: Settings, task_id: str, delay: float = REPORT_BACKOFF) -> bool:
+    """Make a sweeper check ``task_id``'s outcome in the backend in ``delay`` seconds, if the
+    store holds a final one (Celery could not write it: its retries ran out). True if so."""
+    with write_session(settings.database_url) as session:
+        found = cast(CursorResult[Any], session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == task_id,
+                   AnnouncementRow.state.in_(sorted(lifecycle.FINAL_STATES)))
+            .values(report_due=time.time() + delay))).rowcount
+    return found == 1
+
+
 def report_results(settings: Settings, app: Celery, now: float | None = None,
                    limit: int = 50) -> int:
     """Write to the result backend the final outcomes due for it (a sweeper phase); returns

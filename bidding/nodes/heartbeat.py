@@ -79,16 +79,18 @@ def touch(settings: Settings, name: str, now: float | None = None) -> None:
                         .values(last_heartbeat=time.time() if now is None else now))
 
 
-def mark_offline(settings: Settings, name: str, now: float | None = None) -> None:
-    """Record a clean shutdown (or a lost broker connection): the node stops being a candidate
-    at once, unless another of its workers is online (a node may run several)."""
+def mark_offline(settings: Settings, name: str, now: float | None = None,
+                 status: str = "offline") -> None:
+    """Record a lost broker connection ("offline": it is coming back) or a clean shutdown
+    ("stopped"): the node stops being a candidate at once, unless another of its workers is
+    online (a node may run several)."""
     now = time.time() if now is None else now
     others = (select(Worker.hostname)
               .where(Worker.node == name, Worker.status == "online",
                      Worker.last_heartbeat >= now - settings.heartbeat_ttl)
               .exists())
     with write_session(settings.database_url) as session:
-        session.execute(update(Node).where(Node.name == name, ~others).values(status="offline"))
+        session.execute(update(Node).where(Node.name == name, ~others).values(status=status))
     invalidate_cache()
 
 
@@ -143,13 +145,15 @@ class Heartbeat:
         if self.me is not None:
             incarnation.beat(self.settings, self.me, status="offline")
 
-    def stop(self) -> None:
-        """Stop taking new work: mark the node offline, keep proving it is alive until exit."""
+    def stop(self, final: bool = False) -> None:
+        """Stop taking new work: mark the node offline (``final``: stopped, so no task waits
+        for it to come back), keep proving it is alive until exit."""
         self._loop.stop()
         try:
             if self.me is not None:
                 incarnation.beat(self.settings, self.me, status="offline")
-            mark_offline(self.settings, self.profile.name)
+            mark_offline(self.settings, self.profile.name,
+                         status="stopped" if final else "offline")
         except Exception:  # shutting down: the TTL will expire the node anyway
             logger.exception("could not mark node %s offline", self.profile.name)
         self._draining.start()

@@ -61,6 +61,25 @@ def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveN
     ]
 
 
+_COMING_BACK = (
+    select(Node.name, Node.capabilities)
+    .where(Node.status == "offline", Node.last_heartbeat >= bindparam("since"))
+    .order_by(Node.name)
+)
+
+
+def coming_back(settings: Settings, skills: list[str], now: float | None = None) -> list[str]:
+    """Nodes offering every one of ``skills`` that are offline without having stopped (their
+    worker lost the broker and is reconnecting) and were seen within
+    ``bidding_liveness_grace`` seconds."""
+    if settings.liveness_grace <= 0:
+        return []
+    now = time.time() if now is None else now
+    with read_session(settings.database_url) as session:
+        rows = session.execute(_COMING_BACK, {"since": now - settings.liveness_grace}).all()
+    return [name for name, capabilities in rows if set(skills) <= set(capabilities)]
+
+
 _live_cache: dict[str, tuple[float, list[LiveNode]]] = {}
 
 

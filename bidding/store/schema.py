@@ -32,7 +32,8 @@ class Node(Base):
     trust: Mapped[float] = mapped_column(Float, default=50.0)
     description: Mapped[str] = mapped_column(Text, default="")
     hostname: Mapped[str] = mapped_column(String(255), default="")
-    #: "online" while heartbeating, "offline" after a clean shutdown.
+    #: "online" while heartbeating, "offline" while its workers lost the broker (coming
+    #: back), "stopped" after a clean shutdown.
     status: Mapped[str] = mapped_column(String(16), default="online")
     started_at: Mapped[float] = mapped_column(Float, default=0.0)
     last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0, index=True)

@@ -25,6 +25,10 @@ app.conf.update(
     worker_hijack_root_logger=False,
     bidding_window=float(os.environ.get("BIDDING_IT_WINDOW", "1.0")),
 )
+if os.environ.get("BIDDING_IT_RESULT_RETRIES"):
+    # Outage tests: Celery gives up writing a result soon, so the store's report is what
+    # reaches the caller.
+    app.conf.result_backend_max_retries = int(os.environ["BIDDING_IT_RESULT_RETRIES"])
 bidding.install(app)
 
 

@@ -425,7 +425,8 @@ def test_the_announcers_schedule_to_start_timeout_is_kept_with_the_task():
     # then the task carries it, so the sweepers that watch it go by the same limit
     assert rfp.schedule_to_start_timeout == 30.0
     # and the library's default is a finite 60 s (a winner that never starts does not keep
-    # the task for ever); an announcer set to 0 gives none, unless the call gives one
+    # the task for ever); an announcer set to 0 gives none (0 is kept, so the sweepers do not
+    # apply their own default), unless the call gives one
     assert build().schedule_to_start_timeout == 60.0
-    assert build(conf=settings(schedule_to_start_timeout=0)).schedule_to_start_timeout is None
+    assert build(conf=settings(schedule_to_start_timeout=0)).schedule_to_start_timeout == 0
     assert build(options={"schedule_to_start_timeout": 5}).schedule_to_start_timeout == 5

@@ -1,0 +1,95 @@
+"""A broker restarted under a federation at work, through real worker processes.
+
+The broker is a Redis server of the test's own with an append-only file (as production runs
+it); the store is SQLite. The result backend is the broker too, the common setup, so while it
+is down no worker can write a result: the store keeps every outcome, and a sweeper writes it
+to the backend once it can. Celery is made to give up its own retries after one, so the
+sweeper's path is the one under test.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bidding.store import read_session
+from bidding.store.schema import Announcement
+from tests.integration.app import shared, slow
+from tests.integration.conftest import NODES, Cluster, running_cluster, wait_for
+from tests.integration.outage import PrivateRedis
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path_factory.mktemp("broker"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def outage_cluster(broker: PrivateRedis, tmp_path_factory: pytest.TempPathFactory,
+                   redis_broker: str) -> Iterator[Cluster]:
+    directory: Path = tmp_path_factory.mktemp("outage")
+    with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                         broker=broker.url,
+                         extra_env={"BIDDING_IT_RESULT_RETRIES": "1"}) as cluster:
+        yield cluster
+
+
+def state(cluster: Cluster, task_id: str) -> str | None:
+    with read_session(cluster.settings.database_url) as s:
+        row = s.get(Announcement, task_id)
+        return None if row is None else row.state
+
+
+def logs(cluster: Cluster) -> str:
+    return "\n".join(cluster.federation.tail(name, 400) for name in NODES)
+
+
+def test_a_result_written_while_the_broker_is_down_reaches_the_caller(
+    outage_cluster: Cluster, broker: PrivateRedis,
+) -> None:
+    # given a 2 s task running on a node
+    key = f"outage-{uuid.uuid4().hex}"
+    result = slow.apply_async((key, 2.0), bidding={"task_type": f"outage-{key[-8:]}"})
+    assert wait_for(lambda: state(outage_cluster, result.id) == "EXECUTING", 20)
+    # (its caller already waiting for it)
+    waiting = ThreadPoolExecutor(1).submit(result.get, timeout=60)
+    time.sleep(0.2)
+    # when the broker (the result backend too) stops while it runs, and comes back only after
+    # the body has finished and Celery has given up writing its result
+    broker.stop()
+    try:
+        assert wait_for(lambda: state(outage_cluster, result.id) == "SUCCESS", 20)
+        time.sleep(3.0)
+    finally:
+        broker.start()
+    # then the caller gets the task's real result, not a transport error, and it ran once
+    value = result.get(timeout=60)
+    assert value["node"] in NODES
+    assert waiting.result(timeout=60) == value
+    assert int(outage_cluster.counters.get(f"started:{key}") or 0) == 1
+    # and the node's log says what happened
+    assert wait_for(lambda: "its result is in the backend now" in logs(outage_cluster), 10)
+
+
+def test_tasks_keep_running_after_a_broker_restart(
+    outage_cluster: Cluster, broker: PrivateRedis,
+) -> None:
+    # given a federation that has been working
+    assert shared.delay(1).get(timeout=30)["value"] == 1
+    # when the broker restarts and tasks are submitted right after it is back
+    broker.restart(down_for=2.0)
+    results = [shared.delay(i) for i in range(10)]
+    # then every one of them runs and returns its value
+    assert [r.get(timeout=60)["value"] for r in results] == list(range(10))
