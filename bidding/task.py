@@ -18,6 +18,7 @@ retry policy allows: a new auction after the backoff, by default without the nod
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -41,6 +42,7 @@ from bidding.execution.report import report_if_final
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
+from bidding.store.outage import outlasting
 
 logger = logging.getLogger(__name__)
 
@@ -118,11 +120,12 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             return super().__call__(*args, **kwargs)
         settings = get_settings(self.app)
         profile = current_profile(settings)
-        run = execution.begin(settings, request.id, int(attempt),
-                              str(_header(request, NODE_HEADER)),
-                              profile.price_per_unit if profile is not None else 0.0,
-                              redelivered=bool((request.delivery_info or {}).get("redelivered")),
-                              worker=request.hostname, boot_id=incarnation.boot_id())
+        url = settings.database_url
+        run = outlasting(url, f"task {request.id}: recording its start", lambda: execution.begin(
+            settings, request.id, int(attempt), str(_header(request, NODE_HEADER)),
+            profile.price_per_unit if profile is not None else 0.0,
+            redelivered=bool((request.delivery_info or {}).get("redelivered")),
+            worker=request.hostname, boot_id=incarnation.boot_id()))
         if run.start is execution.Start.DUPLICATE:
             raise Ignore()
         if run.start is execution.Start.UNKNOWN:
@@ -146,7 +149,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             history_changed(settings, self.app, run.node)
             raise  # self.retry(): apply_async above scheduled the next attempt
         except Exception as exc:
-            verdict = execution.fail(settings, run, exc)
+            verdict = outlasting(url, f"task {request.id}: recording its failure",
+                                 functools.partial(execution.fail, settings, run, exc))
             history_changed(settings, self.app, run.node)
             if verdict.retry_in is not None:
                 # Celery records RETRY (not FAILURE): .get() keeps waiting for the next attempt.
@@ -154,7 +158,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             if verdict.error is not None:
                 raise verdict.error from exc
             raise
-        verdict = execution.complete(settings, run, result)
+        verdict = outlasting(url, f"task {request.id}: recording its result",
+                             lambda: execution.complete(settings, run, result))
         # Before Celery stores the result: the caller may announce again as soon as it has it.
         history_changed(settings, self.app, run.node)
         if verdict.error is not None:

@@ -147,8 +147,29 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
         if not _award_by_proxy(app, settings, rfp, live, candidates):
             request_bids(settings, app, rfp, candidates)
     elif not early:
-        request_bids(settings, app, rfp, candidates)
+        try:
+            request_bids(settings, app, rfp, candidates)
+        except Exception as exc:
+            _requests_unsent(settings, rfp, exc, new=new)
+            if new:
+                raise  # .delay() raises: the caller knows the task was not accepted
     return True
+
+
+def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,
+                     new: bool) -> None:
+    """The bid requests of an auction whose row is committed could not be sent (the broker
+    down past Celery's publish retries). A new task ends FAILED with the reason (its caller
+    gets the exception from ``.delay()``); a due one (a retry, a deferral) is left to close
+    with no bids and its fallbacks, as if no candidate had answered."""
+    reason = f"its bid requests could not be sent: {type(exc).__name__}: {exc}"
+    logger.error("task %s: %s", rfp.task_id, reason)
+    if not new:
+        return
+    with write_session(settings.database_url) as session:
+        transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
+                   from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
+                   detail={"error": reason}, error=reason, finished_at=time.time())
 
 
 def _record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:

@@ -9,6 +9,18 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+#: Longest pause between two calls of a loop that keeps failing (unless its interval is longer).
+BACKOFF_CAP = 5.0
+#: A loop that keeps failing logs one line every this many failures.
+REPEAT_EVERY = 10
+
+
+def pause_after(interval: float, failures: int) -> float:
+    """Seconds before the next call of a loop whose last ``failures`` calls failed."""
+    if failures <= 0:
+        return interval
+    return min(interval * 2.0 ** failures, max(interval, BACKOFF_CAP))
+
 
 class Periodic:
     """Call ``fn`` every ``interval`` seconds (with up to ``jitter`` fraction of randomness).
@@ -16,6 +28,10 @@ class Periodic:
     ``interval`` may be a function, asked before every wait (e.g. to scale with the federation).
 
     Errors are logged and the loop goes on: a store hiccup must not silence a node for good.
+    While it keeps failing (a database restarting, a broker down) it backs off, up to
+    ``BACKOFF_CAP`` seconds between calls, and logs the first failure in full, then a line
+    every ``REPEAT_EVERY`` failures, and one when it works again: an outage of a few seconds
+    is a few lines in the log, not a traceback per call.
     """
 
     def __init__(self, name: str, interval: float | Callable[[], float],
@@ -52,8 +68,24 @@ class Periodic:
             self._thread = None
 
     def _run(self, stop: threading.Event) -> None:
-        while not stop.wait(self._interval() * (1 + random.uniform(-self.jitter, self.jitter))):
+        failures = 0
+        while not stop.wait(pause_after(
+                self._interval() * (1 + random.uniform(-self.jitter, self.jitter)), failures)):
             try:
                 self.fn()
-            except Exception:
-                logger.exception("%s failed", self.name)
+            except Exception as exc:
+                failures += 1
+                if failures == 1:
+                    logger.exception("%s failed; trying again with backoff", self.name)
+                elif failures % REPEAT_EVERY == 0:
+                    logger.warning("%s still failing (%d times in a row): %s", self.name,
+                                   failures, _one_line(exc))
+            else:
+                if failures:
+                    logger.warning("%s works again, after %d failure(s)", self.name, failures)
+                failures = 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -1,10 +1,12 @@
-"""A broker restarted under a federation at work, through real worker processes.
+"""A broker or a store restarted under a federation at work, through real worker processes.
 
 The broker is a Redis server of the test's own with an append-only file (as production runs
 it); the store is SQLite. The result backend is the broker too, the common setup, so while it
 is down no worker can write a result: the store keeps every outcome, and a sweeper writes it
 to the backend once it can. Celery is made to give up its own retries after one, so the
-sweeper's path is the one under test.
+sweeper's path is the one under test. The store outage is PostgreSQL refusing connections to
+the federation's database and ending the open ones for a few seconds, as a restart does
+(without restarting the server the other tests use).
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from bidding.store import read_session
 from bidding.store.schema import Announcement
+from tests.conftest import POSTGRES_URL
 from tests.integration.app import shared, slow
-from tests.integration.conftest import NODES, Cluster, running_cluster, wait_for
+from tests.integration.conftest import (
+    NODES,
+    Cluster,
+    _postgres_database,
+    running_cluster,
+    wait_for,
+)
 from tests.integration.outage import PrivateRedis
 
 pytestmark = pytest.mark.integration
@@ -53,7 +63,7 @@ def state(cluster: Cluster, task_id: str) -> str | None:
 
 
 def logs(cluster: Cluster) -> str:
-    return "\n".join(cluster.federation.tail(name, 400) for name in NODES)
+    return "\n".join(cluster.federation.tail(name, 5000) for name in NODES)
 
 
 def test_a_result_written_while_the_broker_is_down_reaches_the_caller(
@@ -93,3 +103,53 @@ def test_tasks_keep_running_after_a_broker_restart(
     results = [shared.delay(i) for i in range(10)]
     # then every one of them runs and returns its value
     assert [r.get(timeout=60)["value"] for r in results] == list(range(10))
+
+
+@pytest.fixture(scope="module")
+def pg_cluster(tmp_path_factory: pytest.TempPathFactory, redis_broker: str) -> Iterator[Cluster]:
+    databases = _postgres_database()
+    url = next(databases)
+    try:
+        with running_cluster(url, tmp_path_factory.mktemp("pg-outage"), "postgresql") as c:
+            yield c
+    finally:
+        for _ in databases:  # drops the database
+            pass
+
+
+def store_down(url: str, seconds: float) -> None:
+    """The store's database refuses connections and loses the open ones for ``seconds``."""
+    name = sa.engine.make_url(url).database
+    admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE datname = :name AND pid <> pg_backend_pid()"),
+                         {"name": name})
+        time.sleep(seconds)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+
+
+def test_a_task_that_finishes_while_the_store_restarts_still_succeeds(
+    pg_cluster: Cluster,
+) -> None:
+    # given a 2 s task running on a node
+    key = f"pg-{uuid.uuid4().hex}"
+    result = slow.apply_async((key, 2.0), bidding={"task_type": f"pg-{key[-8:]}"})
+    assert wait_for(lambda: state(pg_cluster, result.id) == "EXECUTING", 20)
+    # when PostgreSQL is unreachable for 5 s, during which the body ends
+    store_down(pg_cluster.settings.database_url, 5.0)
+    # then the caller gets its result, the store says SUCCESS, and the body ran once
+    value = result.get(timeout=60)
+    assert value["node"] in NODES
+    assert wait_for(lambda: state(pg_cluster, result.id) == "SUCCESS", 10)
+    assert int(pg_cluster.counters.get(f"started:{key}") or 0) == 1
+    assert int(pg_cluster.counters.get(f"finished:{key}") or 0) == 1
+    # and the node's log says it waited for the store
+    assert "the store is unreachable" in logs(pg_cluster)
+    # and the federation works on: new tasks run
+    assert shared.delay(7).get(timeout=30)["value"] == 7

@@ -1,0 +1,155 @@
+"""What a broker outage does to announcing and reporting, shown on a store alone (SQLite and
+PostgreSQL, no broker): tasks wait for nodes that are reconnecting, a new task whose bid
+requests cannot be sent ends FAILED with the reason, and a final outcome the result backend
+lacks is written from the store."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery
+from sqlalchemy import update
+
+from bidding.auction import announce as announce_module
+from bidding.auction.announce import open_auction
+from bidding.config import Settings
+from bidding.execution.dispatch import start_by
+from bidding.execution.report import report_if_final, report_results
+from bidding.lifecycle import states as lifecycle
+from bidding.models import Announcement
+from bidding.nodes.heartbeat import heartbeat, mark_offline
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import invalidate_cache
+from bidding.store import write_session
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Node
+from tests.unit.test_execution import assigned, log, row
+
+
+def app() -> Celery:
+    return Celery("t", broker="memory://", backend="cache+memory://", set_as_current=False)
+
+
+def rfp(**fields: Any) -> Announcement:
+    return Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type="work",
+                        required_skills=["ocr"], **fields)
+
+
+def node(settings: Settings, name: str, skills: list[str]) -> None:
+    heartbeat(settings, NodeProfile(name=name, capabilities=skills, capacity=2,
+                                    price_per_unit=0.0, latency_ms=1, trust=70))
+    invalidate_cache()
+
+
+def test_a_task_waits_for_a_capable_node_that_is_reconnecting(settings: Settings) -> None:
+    # given the only ocr node, offline because its worker lost the broker a moment ago
+    node(settings, "scanner", ["ocr"])
+    mark_offline(settings, "scanner")
+    invalidate_cache()
+    # when a task for ocr is announced
+    task = rfp()
+    assert open_auction(app(), settings, task, new=True)
+    # then it waits to be announced again in a heartbeat interval, not counted as a deferral
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.DEFERRED
+    assert found.due_at is not None and found.due_at - time.time() <= settings.heartbeat_interval
+    kind, _, _, detail = log(settings, task.task_id)[-1]
+    assert kind == "DEFERRED" and detail["waiting_for"] == ["scanner"]
+    assert "reconnecting to the broker" in detail["reason"] and detail["deferrals"] == 0
+
+
+@pytest.mark.parametrize("why", ["stopped", "long gone", "other skills"])
+def test_a_task_nobody_can_be_coming_back_for_fails_at_once(settings: Settings,
+                                                            why: str) -> None:
+    # given no live ocr node: the only one stopped cleanly, or offline for longer than the
+    # grace period, or a reconnecting node without ocr
+    node(settings, "scanner", ["ocr"] if why != "other skills" else ["nlp"])
+    mark_offline(settings, "scanner", status="stopped" if why == "stopped" else "offline")
+    if why == "long gone":
+        with write_session(settings.database_url) as session:
+            session.execute(update(Node).values(
+                last_heartbeat=time.time() - settings.liveness_grace - 1))
+    invalidate_cache()
+    # when a task for ocr is announced
+    task = rfp()
+    open_auction(app(), settings, task, new=True)
+    # then it fails fast with seed 001's outcome
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.FAILED
+    assert found.error == "No bidders registered: no live node offers ocr"
+
+
+def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reason(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a live ocr node, and a broker that refuses every publish
+    node(settings, "scanner", ["ocr"])
+
+    def down(*_: Any, **__: Any) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(announce_module, "request_bids", down)
+    task = rfp(bid_mode="ask")
+    # when it is announced, the caller gets the error
+    with pytest.raises(ConnectionError):
+        open_auction(app(), settings, task, new=True)
+    # and the store does not keep a half-announced task: it ended FAILED, saying why
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.FAILED
+    assert found.error == ("its bid requests could not be sent: ConnectionError: "
+                           "broker down")
+
+
+def test_a_result_the_backend_lacks_is_written_from_the_store(settings: Settings) -> None:
+    # given a task that succeeded in the store, whose result never reached the backend
+    celery = app()
+    task = assigned(settings)
+    with write_session(settings.database_url) as session:
+        session.execute(update(AnnouncementRow)
+                        .where(AnnouncementRow.task_id == task.task_id)
+                        .values(state=lifecycle.SUCCESS, result={"value": {"pages": 3}}))
+    assert celery.AsyncResult(task.task_id).state == "PENDING"
+    # when its worker reports that the write failed, and a sweeper's report phase runs
+    assert report_if_final(settings, task.task_id, delay=0)
+    written = report_results(settings, celery, now=time.time() + 1)
+    # then the caller's result holds the real value, written once
+    assert written == 1
+    assert celery.AsyncResult(task.task_id).get(timeout=1) == {"pages": 3}
+    assert report_results(settings, celery, now=time.time() + 60) == 0
+
+
+def test_a_failure_the_backend_lacks_is_written_with_its_own_error(settings: Settings) -> None:
+    # given a task that failed in the store with the task's own error
+    celery = app()
+    task = assigned(settings)
+    stored = {"exception": {"exc_type": "ValueError", "exc_module": "builtins",
+                            "exc_message": ["bad page"]}}
+    with write_session(settings.database_url) as session:
+        session.execute(update(AnnouncementRow)
+                        .where(AnnouncementRow.task_id == task.task_id)
+                        .values(state=lifecycle.FAILED, result=stored, error="bad page"))
+    # when it is reported
+    assert report_if_final(settings, task.task_id, delay=0)
+    assert report_results(settings, celery, now=time.time() + 1) == 1
+    # then the caller's .get() raises that error
+    with pytest.raises(ValueError, match="bad page"):
+        celery.AsyncResult(task.task_id).get(timeout=1)
+
+
+def test_a_task_still_running_is_not_reported(settings: Settings) -> None:
+    # given a task still ASSIGNED
+    task = assigned(settings)
+    # then a failed result write cannot make a sweeper report it
+    assert not report_if_final(settings, task.task_id, delay=0)
+
+
+def test_an_announcers_zero_schedule_to_start_means_no_limit_on_every_node() -> None:
+    # given a task announced with no schedule-to-start limit, watched by a sweeper whose own
+    # default is 60 s
+    task = rfp(schedule_to_start_timeout=0)
+    # then the sweeper applies none
+    assert start_by(Settings(schedule_to_start_timeout=60), task, 100.0) is None
+    assert start_by(Settings(schedule_to_start_timeout=60), rfp(), 100.0) == 160.0

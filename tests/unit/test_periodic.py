@@ -1,0 +1,46 @@
+"""A node's loops (heartbeat, sweeper phases) through an outage: they back off and keep the log
+readable, then resume."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from bidding.nodes.periodic import BACKOFF_CAP, Periodic, pause_after
+
+
+def test_a_failing_loop_backs_off_up_to_the_cap_and_resumes_its_interval() -> None:
+    # given a loop every 0.2 s
+    # then after failures it waits longer each time, never more than the cap
+    assert pause_after(0.2, 0) == 0.2
+    assert pause_after(0.2, 1) == 0.4 and pause_after(0.2, 3) == 1.6
+    assert pause_after(0.2, 30) == BACKOFF_CAP
+    # and a loop slower than the cap keeps its own interval
+    assert pause_after(30.0, 5) == 30.0
+
+
+def test_an_outage_is_a_few_lines_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    # given a loop whose calls fail for a while (the store restarting), then work
+    calls = 0
+    recovered = threading.Event()
+
+    def call() -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 4:
+            raise ConnectionError("store down")
+        recovered.set()
+
+    loop = Periodic("bidding-test-loop", 0.01, call)
+    # when it runs through the outage
+    loop.start()
+    try:
+        assert recovered.wait(10)
+    finally:
+        loop.stop()
+    # then the first failure is logged with its traceback, and the recovery once
+    failed = [r for r in caplog.records if "failed; trying again" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].exc_info is not None
+    assert any("works again, after 4 failure(s)" in r.getMessage() for r in caplog.records)
+    assert sum(r.exc_info is not None for r in caplog.records) == 1
