@@ -71,6 +71,10 @@ class Settings(BaseModel):
     #: such a node offers its skills waits for it (re-announced every heartbeat interval)
     #: instead of failing with "No bidders registered". 0 fails at once.
     liveness_grace: float = Field(10.0, ge=0, le=3600)
+    #: Times an auction none of whose candidates answered (their workers restarting or
+    #: reconnecting, a node killed before its heartbeat expired) is announced again, a
+    #: heartbeat interval later, before it fails with "No bids received". 0 fails at once.
+    silent_rounds: int = Field(2, ge=0, le=20)
     #: Seconds a producer caches the list of live nodes.
     live_cache_seconds: float = Field(1.0, ge=0)
     #: Threads per node worker that answer bid requests (in the main process, never queued

@@ -180,6 +180,9 @@ class Announcement(BaseModel):
     spent: float = Field(0.0, ge=0)
     #: How many times the task was deferred for want of a capable node.
     deferrals: int = Field(0, ge=0)
+    #: Rounds of this attempt's auction that no candidate answered (announced again while
+    #: their workers may be restarting or reconnecting, up to ``bidding_silent_rounds``).
+    silent_rounds: int = Field(0, ge=0)
     #: Attempts that failed on a node so far (what the retry policy counts).
     failures: int = Field(0, ge=0)
     #: Why the previous attempt failed (the task's own error, or why its node lost it), so that
@@ -235,6 +238,9 @@ class Refusal(BaseModel):
     attempt: int = 1
     reason: str
     bid_at: float = Field(default_factory=time.time)
+    #: The node could not bid (its bid raised: its store unreachable, say), which is no
+    #: verdict on the task: an auction with nothing but such answers is announced again.
+    failed: bool = False
 
 
 class Score(BaseModel):

@@ -31,10 +31,15 @@ from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
+from bidding.store.outage import outlasting
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.strategies.protocol import decides_at_once
 
 logger = logging.getLogger(__name__)
+
+#: Seconds a caller's ``.delay()`` waits for an unreachable store (a PostgreSQL restart)
+#: before it raises.
+CALLER_PATIENCE = 15.0
 
 
 def announce(
@@ -114,26 +119,29 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
              and get_board(settings, app).writes_on_award)
     if early:
         request_bids(settings, app, rfp, candidates)
-    deferred: bool | str = False
-    with write_session(settings.database_url) as session:
-        if waiting:
-            if not _await_nodes(session, settings, rfp, waiting, new=new):
-                return False
-        elif defer:
-            deferred = _defer(session, rfp, new=new)
-            if not deferred:
-                return False
-        elif new:
-            _record_new(session, rfp, candidates)
-        elif not transition(
-            session, rfp.task_id, states.BIDDING, kind=journal.ANNOUNCED,
-            from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
-            detail={"task_type": rfp.task_type, "candidates": candidates},
-            spec=rfp.model_dump(mode="json"), candidates=candidates,
-            expected_bids=len(candidates), bids_received=0, due_at=None,
-            closes_at=rfp.announced_at + rfp.window, assigned_node=None, awarded_at=None,
-        ):
-            return False
+    def record() -> bool | str:
+        with write_session(settings.database_url) as session:
+            if waiting:
+                return _await_nodes(session, settings, rfp, waiting, new=new)
+            if defer:
+                return _defer(session, rfp, new=new)
+            if new:
+                _record_new(session, rfp, candidates)
+                return True
+            return transition(
+                session, rfp.task_id, states.BIDDING, kind=journal.ANNOUNCED,
+                from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
+                detail={"task_type": rfp.task_type, "candidates": candidates},
+                spec=rfp.model_dump(mode="json"), candidates=candidates,
+                expected_bids=len(candidates), bids_received=0, due_at=None,
+                closes_at=rfp.announced_at + rfp.window, assigned_node=None, awarded_at=None)
+
+    # A caller's .delay() waits out a store restart (a few seconds) rather than fail; a
+    # sweeper's due task is simply taken again by the next sweep.
+    deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
+                           patience=CALLER_PATIENCE) if new else record())
+    if not deferred:
+        return False
     if waiting:
         return True
     if defer:

@@ -17,9 +17,10 @@ from sqlalchemy import bindparam, select
 from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
-from bidding.lifecycle import states
-from bidding.models import Announcement, Award
-from bidding.store import read_session
+from bidding.lifecycle import journal, states
+from bidding.lifecycle.transition import transition
+from bidding.models import Announcement, Award, Refusal
+from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 
 logger = logging.getLogger(__name__)
@@ -49,11 +50,46 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     # for the sweeper that closes the auction at its deadline.
     answers = board.close(task_id, attempt,
                           keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+    silent = all(isinstance(a, Refusal) and a.failed for a in answers)
+    if silent and candidates and rfp.silent_rounds < settings.silent_rounds and (
+            rfp.deadline is None or rfp.deadline > time.time() + rfp.window):
+        # Not one candidate answered, or could bid: a node killed before its heartbeat
+        # expired, workers reconnecting to a restarted broker, a store restarting; no
+        # verdict on the task. Announce it again.
+        announce_again(settings, rfp, candidates)
+        return None
     award = award_answers(settings, rfp, answers, closed_by=closed_by, candidates=candidates,
                           write=board.writes_on_award)
     if award is not None:
         route_award(app, settings, rfp, award)
     return award
+
+
+def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bool:
+    """Defer ``rfp``'s silent auction for a heartbeat interval, one more silent round
+    counted; False when someone else closed it first.
+
+    The next round is a new attempt (as a re-award is): answers to this round's requests
+    that come late are told apart from the next round's, and its bid board starts empty. It
+    is no failure: the retry policy counts failures, not attempts.
+    """
+    now = time.time()
+    again = rfp.model_copy(update={"silent_rounds": rfp.silent_rounds + 1,
+                                   "attempt": rfp.attempt + 1})
+    reason = (f"none of {candidates} candidate(s) answered or could bid within "
+              f"{rfp.window:g}s (a worker restarting or reconnecting?): announced again, round "
+              f"{again.silent_rounds + 1} of {settings.silent_rounds + 1}")
+    with write_session(settings.database_url) as session:
+        moved = transition(
+            session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
+            from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
+            detail={"reason": reason, "retry_in_s": settings.heartbeat_interval,
+                    "silent_rounds": again.silent_rounds},
+            spec=again.model_dump(mode="json"), attempt=again.attempt,
+            due_at=now + settings.heartbeat_interval)
+    if moved:
+        logger.warning("auction %s: %s", rfp.task_id, reason)
+    return moved
 
 
 _EXPIRED = (

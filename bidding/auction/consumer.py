@@ -107,7 +107,7 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
     except Exception as exc:  # a bid never raises: the auction must still close
         logger.exception("bid of %s on %s failed", node, rfp.task_id)
         response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                           reason=f"bid failed: {type(exc).__name__}: {exc}")
+                           reason=f"bid failed: {type(exc).__name__}: {exc}", failed=True)
     try:
         record_answer(settings, app, rfp, response, expected, defer)
     except Exception:

@@ -347,6 +347,7 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
                             due_at=None, **conditions)
         else:
             nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
+                                         "silent_rounds": 0,
                                          "announced_at": now, "last_error": reason})
             ok = transition(
                 session, rfp.task_id, states.RETRYING, kind=journal.RETRYING,

@@ -301,6 +301,7 @@ def retry_requested(settings: Settings, run: Running, delay: float,
     now = time.time()
     rfp = run.rfp
     update: dict[str, Any] = {"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
+                              "silent_rounds": 0,
                               "exclude_nodes": retry_exclusions(rfp, run.node),
                               "announced_at": now}
     if args is not None:

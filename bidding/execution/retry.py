@@ -75,7 +75,7 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
     ``isinstance(exc, SoftTimeLimitExceeded)``; this module imports no Celery).
     """
     failures = rfp.failures + 1
-    base = {"attempt": rfp.attempt + 1, "failures": failures,
+    base = {"attempt": rfp.attempt + 1, "failures": failures, "silent_rounds": 0,
             "exclude_nodes": retry_exclusions(rfp, node), "announced_at": now,
             "last_error": error_text(exc)}
     if rfp.deadline is not None and now >= rfp.deadline:

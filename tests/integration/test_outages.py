@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from bench.common.redis_server import PrivateRedis
 from bidding.store import read_session
 from bidding.store.schema import Announcement
 from tests.conftest import POSTGRES_URL
@@ -31,7 +32,6 @@ from tests.integration.conftest import (
     running_cluster,
     wait_for,
 )
-from tests.integration.outage import PrivateRedis
 
 pytestmark = pytest.mark.integration
 

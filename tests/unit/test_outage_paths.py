@@ -15,11 +15,13 @@ from sqlalchemy import update
 
 from bidding.auction import announce as announce_module
 from bidding.auction.announce import open_auction
+from bidding.auction.board import StoreBoard
+from bidding.auction.close import close_auction
 from bidding.config import Settings
 from bidding.execution.dispatch import start_by
 from bidding.execution.report import report_if_final, report_results
 from bidding.lifecycle import states as lifecycle
-from bidding.models import Announcement
+from bidding.models import Announcement, Refusal
 from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
@@ -27,9 +29,11 @@ from bidding.store import write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Node
 from tests.unit.test_execution import assigned, log, row
+from tests.unit.test_review_holes import bidding_row
 
 
 def app() -> Celery:
+    # A memory broker: the bid board is the store's.
     return Celery("t", broker="memory://", backend="cache+memory://", set_as_current=False)
 
 
@@ -153,3 +157,47 @@ def test_an_announcers_zero_schedule_to_start_means_no_limit_on_every_node() -> 
     # then the sweeper applies none
     assert start_by(Settings(schedule_to_start_timeout=60), task, 100.0) is None
     assert start_by(Settings(schedule_to_start_timeout=60), rfp(), 100.0) == 160.0
+
+
+@pytest.mark.parametrize("answers", ["none", "a failed bid"])
+def test_an_auction_no_candidate_answered_is_announced_again_then_fails(
+    settings: Settings, answers: str,
+) -> None:
+    # given an open auction whose one candidate never answers (killed before its heartbeat
+    # expired), or answers only that it could not bid (its store restarting)
+    settings = settings.model_copy(update={"silent_rounds": 2})
+    task = rfp(bid_mode="ask")
+    bidding_row(settings, task, ["scanner"])
+    if answers == "a failed bid":
+        StoreBoard(settings.database_url).post(
+            Refusal(task_id=task.task_id, node="scanner", reason="bid failed: store down",
+                    failed=True), expected=1, window=task.window)
+    # when its window closes
+    close_auction(settings, app(), task.task_id, 1, closed_by="deadline")
+    # then it is announced again a heartbeat interval later, and the log says why
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.DEFERRED and found.spec["silent_rounds"] == 1
+    assert found.attempt == 2  # a new round: late answers to this one are told apart
+    kind, _, _, detail = log(settings, task.task_id)[-1]
+    assert kind == "DEFERRED" and "announced again, round 2 of 3" in detail["reason"]
+    # and when its last round closes silent too, it fails with seed 001's outcome
+    last = Announcement.model_validate(found.spec).model_copy(update={"silent_rounds": 2})
+    with write_session(settings.database_url) as session:
+        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == task.task_id)
+                        .values(state=lifecycle.BIDDING, spec=last.model_dump(mode="json")))
+    close_auction(settings, app(), task.task_id, 2, closed_by="deadline")
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.FAILED and (found.error or "").startswith("No bids received")
+
+
+def test_an_auction_whose_candidate_refused_fails_at_once(settings: Settings) -> None:
+    # given an open auction whose one candidate refused it (a decision, not an outage)
+    task = rfp(bid_mode="ask")
+    bidding_row(settings, task, ["scanner"])
+    StoreBoard(settings.database_url).post(
+        Refusal(task_id=task.task_id, node="scanner", reason="too busy"), expected=1,
+        window=task.window)
+    # when it closes, it fails with the refusal's reason, not announced again
+    close_auction(settings, app(), task.task_id, 1, closed_by="deadline")
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.FAILED and "too busy" in (found.error or "")

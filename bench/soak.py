@@ -1,0 +1,304 @@
+"""Chaos soak: tasks stream into a federation of node workers while a driver SIGKILLs a random
+worker every few seconds (restarting it a second later under the same name), restarts the
+broker and restarts the store; at the end every accepted task must be in its right final state
+in the store and at its caller, and every body that ran twice must be explained by a kill.
+
+    python bench/soak.py                       # 1,000 tasks, 5 nodes, PostgreSQL + Redis
+    python bench/soak.py --tasks 100 --kills 3 --store-restarts 0   # the CI-sized run
+
+The broker is a Redis server of the soak's own with an append-only file (a production broker
+keeps what it queued across a restart); the store is a scratch PostgreSQL database (or
+``--store sqlite``). It stops by itself: bounded in tasks and in time (``--timeout``). Exit 0
+when the verdict holds, 1 when it does not, printing each problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as a script: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).absolute().parent.parent))
+
+from bench.chaos.chaos import Chaos, Plan
+from bench.chaos.runs import RUNS_ENV, read_runs
+from bench.chaos.verdict import Outcome, Submitted, Verdict, judge
+from bench.common.log import log
+from bench.common.paths import ROOT
+from bench.common.postgres import scratch_database
+from bench.common.redis_server import PrivateRedis
+
+POSTGRES = os.environ.get("BIDDING_TEST_POSTGRES",
+                          "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+
+
+@dataclass
+class SoakConfig:
+    """The size and the faults of one soak."""
+
+    tasks: int = 1000
+    nodes: int = 5
+    rate: float = 6.0
+    body_min: float = 0.2
+    body_max: float = 1.0
+    #: Every n-th task fails on purpose (retried once, then FAILED with its own error).
+    fail_every: int = 10
+    kill_every: float = 4.0
+    kills: int | None = None  # None: as many as fit while tasks are submitted
+    pause: float = 1.0
+    broker_restarts: int = 1
+    broker_down: float = 2.0
+    store_restarts: int = 1
+    store_down: float = 3.0
+    store_mode: str = "database"
+    store: str = "postgresql"
+    timeout: float = 900.0
+    seed: int = 1
+    concurrency: int = 2
+
+    @property
+    def submit_seconds(self) -> float:
+        """How long the submission lasts."""
+        return self.tasks / self.rate
+
+
+@dataclass
+class SoakResult:
+    """The verdict, the faults and the timings of a soak."""
+
+    config: SoakConfig
+    verdict: Verdict
+    faults: list[str] = field(default_factory=list)
+    chaos_errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    settle_seconds: float = 0.0
+
+
+@contextmanager
+def _store(config: SoakConfig, folder: Path) -> Iterator[str]:
+    if config.store == "sqlite":
+        yield f"sqlite:///{folder / 'store.db'}"
+        return
+    with scratch_database(POSTGRES, "bidding_soak") as url:
+        yield url
+
+
+def run(config: SoakConfig, folder: Path | None = None) -> SoakResult:
+    """Run one soak in ``folder`` (a temporary one by default) and judge it."""
+    if folder is None:
+        with tempfile.TemporaryDirectory(prefix="bidding-soak-") as tmp:
+            return run(config, Path(tmp))
+    folder.mkdir(parents=True, exist_ok=True)
+    broker = PrivateRedis(folder / "redis")
+    broker.start()
+    try:
+        with _store(config, folder) as database_url:
+            return _soak(config, folder, broker, database_url)
+    finally:
+        broker.stop()
+
+
+def _soak(config: SoakConfig, folder: Path, broker: PrivateRedis,
+          database_url: str) -> SoakResult:
+    os.environ.update({"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
+                       "BIDDING_DATABASE_URL": database_url})
+    from bench.chaos.app import app, expected, work
+    from bidding.config import get_settings, reset_settings
+    from bidding.nodes.federation import Federation
+    from bidding.store import upgrade
+
+    app.conf.broker_url = app.conf.result_backend = broker.url
+    reset_settings(app)
+    upgrade(database_url)
+    settings = get_settings(app)
+    names = [f"soak-{k}" for k in range(config.nodes)]
+    profiles = []
+    for name in names:
+        path = folder / f"{name}.toml"
+        path.write_text(f'name = "{name}"\ncapabilities = ["soak"]\ncapacity = '
+                        f'{config.concurrency}\nprice_per_unit = 0.01\nlatency_ms = 50\n'
+                        "trust = 70\n")
+        profiles.append(path)
+    federation = Federation(
+        app="bench.chaos.app", log_dir=folder / "logs", concurrency=config.concurrency,
+        cwd=ROOT, env={"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
+                       "BIDDING_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
+                       "BIDDING_HEARTBEAT_INTERVAL": "1"})
+    window = config.submit_seconds
+    kills = config.kills if config.kills is not None else max(0, int(window // config.kill_every))
+    plan = Plan(kill_every=config.kill_every, kills=kills, pause=config.pause,
+                broker_at=_spread(config.broker_restarts, window, 0.4),
+                broker_down=config.broker_down,
+                store_at=(_spread(config.store_restarts, window, 0.7)
+                          if config.store == "postgresql" else []),
+                store_down=config.store_down, store_mode=config.store_mode)
+    lock = threading.Lock()
+
+    def restart(node: str, pause: float) -> float:
+        with lock:  # one restart at a time: Federation's process table is not thread-safe
+            return federation.restart(node, pause=pause)
+
+    chaos = Chaos(plan, restart, names, broker, database_url, POSTGRES, seed=config.seed)
+    started = time.time()
+    try:
+        federation.start(profiles)
+        federation.wait_live(settings, timeout=120)
+        log(f"soak: {len(names)} nodes live; {config.tasks} tasks at {config.rate:g}/s, "
+            f"{kills} kills, {len(plan.broker_at)} broker and {len(plan.store_at)} store "
+            "restart(s)")
+        chaos.start()
+        refusals: Counter[str] = Counter()
+        submitted, refused, results = _submit(config, work, refusals)
+        chaos.stop()
+        log(f"soak: submitted {len(submitted)} (refused {refused}); waiting for the outcomes")
+        settle = time.time()
+        caller = _collect(results, started + config.timeout)
+        settle_seconds = time.time() - settle
+        store, journal, unfinished = _read_store(database_url,
+                                                 [s.task_id for s in submitted])
+    finally:
+        chaos.stop()
+        federation.stop()
+        reset_settings(app)
+    verdict = judge(submitted, refused, store, caller, read_runs(folder), chaos.kills(),
+                    journal, expected)
+    verdict.refusals = refusals
+    # A .delay() that raised must leave nothing half-recorded: any row it wrote is final.
+    verdict.problems += [f"task {t} was refused by .delay() but its row is left {state}"
+                         for t, state in unfinished]
+    return SoakResult(config, verdict,
+                      faults=[f"{f.kind} {f.node or f.detail} at +{f.at - started:.1f}s"
+                              for f in chaos.faults],
+                      chaos_errors=chaos.errors, seconds=time.time() - started,
+                      settle_seconds=settle_seconds)
+
+
+def _spread(count: int, window: float, first: float) -> list[float]:
+    """``count`` moments in ``window`` seconds, the first at fraction ``first`` of it."""
+    if count <= 0:
+        return []
+    step = (1.0 - first) / count
+    return [window * (first + k * step) for k in range(count)]
+
+
+def _submit(config: SoakConfig, work: Any,
+            refusals: Counter[str]) -> tuple[list[Submitted], int, dict[str, Any]]:
+    """Submit the tasks at the configured rate; a ``.delay()`` the broker refuses (it is
+    down past Celery's publish retries) is counted, not retried: the caller saw the error."""
+    rng = random.Random(config.seed)
+    submitted: list[Submitted] = []
+    results: dict[str, Any] = {}
+    refused = 0
+    start = time.monotonic()
+    for i in range(config.tasks):
+        time.sleep(max(0.0, start + i / config.rate - time.monotonic()))
+        fails = config.fail_every > 0 and i % config.fail_every == config.fail_every - 1
+        try:
+            result = work.apply_async((i, round(rng.uniform(config.body_min, config.body_max),
+                                                3), fails))
+        except Exception as exc:
+            refused += 1
+            refusals[type(exc).__name__] += 1
+            log(f"soak: task {i} refused by .delay(): {type(exc).__name__}: {exc}")
+            continue
+        submitted.append(Submitted(result.id, i, fails, 2 if fails else 1))
+        results[result.id] = result
+    return submitted, refused, results
+
+
+def _collect(results: dict[str, Any], deadline: float) -> dict[str, Outcome]:
+    """Each caller's outcome, as ``.get()`` gives it (waiting until ``deadline``)."""
+    outcomes: dict[str, Outcome] = {}
+    for task_id, result in results.items():
+        try:
+            value = result.get(timeout=max(0.1, deadline - time.time()))
+            outcomes[task_id] = Outcome("SUCCESS", value=value)
+        except Exception as exc:
+            name = type(exc).__name__
+            state = "TIMEOUT" if name == "TimeoutError" else "FAILED"
+            outcomes[task_id] = Outcome(state, error=f"{name}: {exc}")
+    return outcomes
+
+
+def _read_store(database_url: str, task_ids: list[str]
+                ) -> tuple[dict[str, Outcome], Counter[str], list[tuple[str, str]]]:
+    """Each accepted task's final state in the store, the journal's message kinds, and the
+    rows of refused calls that are not final (none, when nothing is left half-recorded)."""
+    from sqlalchemy import select
+
+    from bidding.store import read_session
+    from bidding.store.schema import Announcement, Message
+
+    outcomes: dict[str, Outcome] = {}
+    journal: Counter[str] = Counter()
+    with read_session(database_url) as session:
+        for row in session.execute(select(Announcement.task_id, Announcement.state,
+                                          Announcement.result, Announcement.error)):
+            if row.state == "SUCCESS":
+                outcomes[row.task_id] = Outcome("SUCCESS", value=(row.result or {}).get("value"))
+            else:
+                outcomes[row.task_id] = Outcome(row.state, error=row.error or "")
+        for kind, in session.execute(select(Message.kind)):
+            journal[kind] += 1
+    accepted = set(task_ids)
+    unfinished = [(t, o.state) for t, o in outcomes.items()
+                  if t not in accepted and o.state not in ("SUCCESS", "FAILED", "ESCALATED")]
+    return {t: outcomes[t] for t in task_ids if t in outcomes}, journal, unfinished
+
+
+def report(result: SoakResult) -> str:
+    """The soak's figures as markdown."""
+    c, v = result.config, result.verdict
+    lines = [
+        f"### Chaos soak: {c.tasks} tasks, {c.nodes} nodes, store {c.store}",
+        "",
+        f"- {v.accepted} accepted by `.delay()`, {v.refused} refused ("
+        + (", ".join(f"{n} {k}" for k, n in v.refusals.most_common()) or "none") + "); "
+        f"{v.succeeded} SUCCESS and {v.failed_as_meant} FAILED as meant "
+        f"(every {c.fail_every}th fails on purpose, retried once)",
+        f"- faults: {len(result.faults)} ({', '.join(result.faults)})",
+        f"- bodies run twice: {v.duplicates}, explained by a kill between a body's end and "
+        f"its recorded completion: {v.duplicates_explained}; runs cut short by a kill: "
+        f"{v.interrupted_runs}",
+        "- journal: " + ", ".join(f"{k} {v.journal[k]}" for k in (
+            "REAWARDED", "RETRYING", "WORKER_LOST", "RESENT", "SEND_FAILED", "DEFERRED")),
+        f"- took {result.seconds:.0f} s ({c.submit_seconds:.0f} s of submission at "
+        f"{c.rate:g}/s; the last outcome {result.settle_seconds:.1f} s after it)",
+        f"- verdict: {'held' if v.ok else 'FAILED'}"
+        + ("" if v.ok else f" ({len(v.problems)} problems)"),
+    ]
+    lines += [f"  - {p}" for p in v.problems[:50]]
+    lines += [f"  - chaos error: {e}" for e in result.chaos_errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: run one soak, print its report; exit 1 when the verdict fails."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    defaults = SoakConfig()
+    for name, value in vars(defaults).items():
+        kind = type(value) if value is not None else int
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
+    parser.add_argument("--folder", type=Path, default=None,
+                        help="keep the logs and the run records here")
+    args = vars(parser.parse_args(argv))
+    folder = args.pop("folder")
+    result = run(SoakConfig(**args), folder)
+    print(report(result))
+    return 0 if result.verdict.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
