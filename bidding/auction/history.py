@@ -79,7 +79,10 @@ def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
     if statement is None:
         parts = [select(Episode.node, Episode.success, Episode.finished_at)
                  .where(Episode.node == bindparam(f"node_{i}"),
-                        Episode.task_type == bindparam("task_type"))
+                        Episode.task_type == bindparam("task_type"),
+                        # An attempt lost with its worker says nothing of the task type
+                        # (it counts against the node's trust only).
+                        Episode.lost.is_(False))
                  .order_by(Episode.finished_at.desc())
                  .limit(bindparam("limit")).subquery(f"latest_{i}")
                  for i in range(count)]

@@ -387,9 +387,11 @@ def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
 
 def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
                   now: float) -> None:
-    """The lost winner failed this attempt: it counts against its experience and trust (once:
-    it may have run and failed, or another sweep got there first)."""
+    """The lost winner failed this attempt: it counts against its trust (once: it may have run
+    and failed, or another sweep got there first), not its experience of the task type (a
+    worker killed or restarted under it is no verdict on the work: counted there, a few kills
+    drove every node's learned confidence under min_confidence in the chaos soak)."""
     record_episode(session, {
         "task_id": rfp.task_id, "attempt": attempt, "node": node, "task_type": rfp.task_type,
         "skills": list(rfp.required_skills), "success": False, "duration_s": 0.0, "cost": 0.0,
-        "error": reason, "finished_at": now})
+        "error": reason, "finished_at": now, "lost": True})

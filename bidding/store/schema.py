@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import false as sa_false
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -172,6 +173,9 @@ class Episode(Base):
     cost: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     finished_at: Mapped[float] = mapped_column(Float)
+    #: Lost with its node or worker (killed, restarted, silent, never started it), not failed
+    #: by the body: it counts in the node's record (trust), not in its experience of the type.
+    lost: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
 
     __table_args__ = (
         Index("ix_bidding_episodes_node_type", "node", "task_type", "finished_at"),

@@ -201,3 +201,27 @@ def test_an_auction_whose_candidate_refused_fails_at_once(settings: Settings) ->
     close_auction(settings, app(), task.task_id, 1, closed_by="deadline")
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED and "too busy" in (found.error or "")
+
+
+def test_attempts_lost_with_their_worker_do_not_teach_a_node_it_cannot_do_the_work(
+    settings: Settings,
+) -> None:
+    # given a node that did a task type well once, then lost five attempts of it when its
+    # worker was killed and restarted
+    from bidding.auction.history import gather_histories
+    from bidding.auction.scores import estimated_success
+    from bidding.execution.episodes import record_episode
+
+    node(settings, "scanner", ["ocr"])
+    with write_session(settings.database_url) as session:
+        for k in range(6):
+            record_episode(session, {
+                "task_id": f"t{k}", "attempt": 1, "node": "scanner", "task_type": "work",
+                "skills": ["ocr"], "success": k == 0, "duration_s": 0.1, "cost": 0.0,
+                "error": None if k == 0 else "worker scanner@h restarted", "finished_at": k,
+                "lost": k > 0})
+    # when it bids on that type
+    history = gather_histories(settings, ["scanner"], "work")["scanner"]
+    # then its confidence rests on the work it did, and its record (trust) has all six
+    assert history.outcomes == (True,) and estimated_success(history.outcomes) == 1.0
+    assert (history.attempts, history.successes) == (6, 1)

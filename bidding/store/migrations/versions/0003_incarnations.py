@@ -1,5 +1,6 @@
-"""Worker incarnations, the worker and incarnation of each attempt, and the final result kept
-in the store (so it can be written to the result backend again).
+"""Worker incarnations, the worker and incarnation of each attempt, the final result kept
+in the store (so it can be written to the result backend again), and episodes lost with their
+worker told apart from failed ones.
 
 Revision ID: 0003
 Revises: 0002
@@ -38,9 +39,14 @@ def upgrade() -> None:
         batch.add_column(sa.Column('report_due', sa.Float(), nullable=True))
         batch.create_index(op.f('ix_bidding_announcements_report_due'), ['report_due'],
                            unique=False)
+    with op.batch_alter_table('bidding_episodes') as batch:
+        batch.add_column(sa.Column('lost', sa.Boolean(), nullable=False,
+                                   server_default=sa.false()))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('bidding_episodes') as batch:
+        batch.drop_column('lost')
     with op.batch_alter_table('bidding_announcements') as batch:
         batch.drop_index(op.f('ix_bidding_announcements_report_due'))
         batch.drop_column('report_due')
