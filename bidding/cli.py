@@ -192,11 +192,12 @@ def db() -> None:
 @db_option
 def upgrade(app_name: str | None, database_url: str | None) -> None:
     """Create or migrate the store's schema to the newest revision."""
+    from bidding.store import masked_url
     from bidding.store import upgrade as do_upgrade
 
     settings = _settings(app_name, database_url)
     do_upgrade(settings.database_url)
-    click.echo(f"store at {settings.database_url} is up to date")
+    click.echo(f"store at {masked_url(settings.database_url)} is up to date")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

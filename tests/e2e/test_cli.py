@@ -164,6 +164,53 @@ def test_db_upgrade_creates_schema_at_head_and_is_idempotent(tmp_path: Path) -> 
     assert _tables_and_versions(db_file) == (tables, versions)
 
 
+@pytest.fixture
+def postgres_url_with_password() -> Iterator[tuple[str, str]]:
+    """A fresh PostgreSQL database's URL that carries a password, and that password.
+
+    The test server trusts local connections and ignores the password, so one is made up
+    when BIDDING_TEST_POSTGRES has none.
+    """
+    import sqlalchemy as sa
+
+    from tests.conftest import POSTGRES_URL, require
+
+    admin_url = sa.engine.make_url(POSTGRES_URL)
+    try:
+        sa.create_engine(admin_url).connect().close()
+    except Exception as exc:  # any failure to connect means: no PostgreSQL here
+        require("PostgreSQL", False, f"{POSTGRES_URL}: {exc}")
+    password = admin_url.password or "hunter2-do-not-print"
+    name = f"bidding_cli_{os.getpid()}_{int(time.time() * 1000)}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.set(database=name, password=password).render_as_string(hide_password=False)
+    try:
+        yield url, str(password)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_db_upgrade_does_not_print_the_database_password(
+    postgres_url_with_password: tuple[str, str],
+) -> None:
+    # Given a store URL with a password in it
+    url, password = postgres_url_with_password
+    assert password in url
+
+    # When the operator runs `bidding db upgrade` on it
+    result = run_cli("db", "upgrade", "--database-url", url)
+
+    # Then it succeeds and names the store with its password masked
+    assert result.returncode == 0, shown(result)
+    assert password not in result.stdout + result.stderr, shown(result)
+    masked = url.replace(password, "***")
+    assert result.stdout.strip() == f"store at {masked} is up to date", shown(result)
+
+
 # --- bidding explain -------------------------------------------------------------------------
 
 
