@@ -110,6 +110,33 @@ def test_worker_with_bad_profile_exits_with_error_naming_file_and_field(
     assert "celery@" not in result.stdout + result.stderr, shown(result)
 
 
+BAD_SETTINGS = {
+    # id: (environment variable, value, texts stderr must contain)
+    "not-a-number": ("BIDDING_MIN_TRUST", "abc", ["Input should be a valid number", "'abc'"]),
+    "out-of-range": ("BIDDING_MIN_TRUST", "150", ["less than or equal to 100", "'150'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SETTINGS), ids=list(BAD_SETTINGS))
+def test_worker_with_bad_setting_exits_with_one_line_naming_the_variable(case: str) -> None:
+    # Given a valid profile and a bad bidding setting in the environment
+    variable, value, expected = BAD_SETTINGS[case]
+    env = clean_env(**{variable: value})
+
+    # When the operator starts a worker
+    result = run_cli("worker", "workers/redfin.toml", "-A", "bidding.demo.app", env=env,
+                     timeout=30)
+
+    # Then it fails at once with one "Error: ..." line naming the variable and the reason
+    assert result.returncode == 1, shown(result)
+    assert "Traceback" not in result.stderr, shown(result)
+    assert result.stderr.startswith(f"Error: invalid settings: {variable}: "), shown(result)
+    assert len(result.stderr.strip().splitlines()) == 1, shown(result)
+    for text in expected:
+        assert text in result.stderr, shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
 def test_worker_without_app_asks_for_dash_a() -> None:
     # Given a valid profile and no CELERY_APP in the environment
     env = clean_env()
