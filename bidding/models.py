@@ -280,6 +280,13 @@ def describe_validation(exc: ValidationError, prefix: str = "",
     parts = []
     names = names or {}
     for err in exc.errors():
+        nested = (err.get("ctx") or {}).get("error")
+        if isinstance(nested, ConfigurationError):
+            # A model that validates itself on construction (RetryPolicy, given as a dict
+            # inside an Announcement) already said "retry_policy.field: reason (got value)":
+            # wrapping it in "retry_policy: Value error, ... (got {...})" would say it twice.
+            parts.append(str(nested))
+            continue
         loc = [str(p) for p in err["loc"]]
         if loc and loc[0] in names:
             field = ".".join([names[loc[0]], *loc[1:]])
