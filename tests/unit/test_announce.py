@@ -376,7 +376,7 @@ def test_bad_retry_policy_dict_names_the_field_and_reason_once(case, where, monk
 
     # given a task whose retry policy is a dict with a bad field: on the task, or in a call
     @app.task(base=bidding.BiddingTask, name="demo.tasks.extract", required_skills=["x"],
-              retry_policy=policy if where == "task-retry_policy" else None)
+              retry_policy=policy if where == "task-retry_policy" else None, shared=False)
     def extract() -> None:
         """The task body never runs: the call is refused before it is announced."""
 
