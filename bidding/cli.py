@@ -44,7 +44,12 @@ def _load_app(name: str) -> Celery:
 
 def _settings(app_name: str | None, database_url: str | None,
               app: Celery | None = None) -> Settings:
-    settings = get_settings(app or _load_app(app_name)) if app_name else load_settings({})
+    try:
+        settings = get_settings(app or _load_app(app_name)) if app_name else load_settings({})
+    except BiddingError as exc:
+        # A bad bidding_* setting or BIDDING_* variable is the user's to fix: one line, like a
+        # bad profile, not a traceback.
+        raise click.ClickException(str(exc)) from None
     if database_url:
         settings = settings.model_copy(update={"database_url": database_url})
     return settings
@@ -87,7 +92,7 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
     app = _load_app(app_name)
     from bidding.store import upgrade
 
-    upgrade(get_settings(app).database_url)
+    upgrade(_settings(app_name, None, app).database_url)
     argv = [
         "worker",
         "-Q", exec_queue(node.name),
@@ -192,11 +197,12 @@ def db() -> None:
 @db_option
 def upgrade(app_name: str | None, database_url: str | None) -> None:
     """Create or migrate the store's schema to the newest revision."""
+    from bidding.store import masked_url
     from bidding.store import upgrade as do_upgrade
 
     settings = _settings(app_name, database_url)
     do_upgrade(settings.database_url)
-    click.echo(f"store at {settings.database_url} is up to date")
+    click.echo(f"store at {masked_url(settings.database_url)} is up to date")
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})

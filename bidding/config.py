@@ -134,7 +134,9 @@ def load_settings(
 ) -> Settings:
     """Build :class:`Settings` from a Celery ``app.conf`` mapping, overridden by the environment.
 
-    Raises :class:`ConfigurationError` naming the setting (``bidding_window``) and the reason.
+    Raises :class:`ConfigurationError` naming the setting and the reason: by its environment
+    variable (``BIDDING_WINDOW``) when its value came from there, else by its conf key
+    (``bidding_window``).
     """
     conf = conf if conf is not None else {}
     environ = environ if environ is not None else os.environ
@@ -146,10 +148,14 @@ def load_settings(
             f"unknown setting(s) {', '.join(unknown)}; valid settings: {valid}"
         )
     values: dict[str, Any] = {}
+    # Errors name a setting as the user wrote it: BIDDING_WINDOW when the environment set it.
+    from_env: dict[str, str] = {}
     for name in SETTING_NAMES:
-        env_value = environ.get(ENV_PREFIX + name.upper())
+        env_name = ENV_PREFIX + name.upper()
+        env_value = environ.get(env_name)
         if env_value is not None:
             values[name] = env_value
+            from_env[name] = env_name
             continue
         conf_value = conf.get(CONF_PREFIX + name)
         if conf_value is not None:
@@ -157,7 +163,7 @@ def load_settings(
     try:
         return Settings(**values)
     except ValidationError as exc:
-        reason = describe_validation(exc, CONF_PREFIX)
+        reason = describe_validation(exc, CONF_PREFIX, from_env)
         raise ConfigurationError(f"invalid settings: {reason}") from None
 
 

@@ -7,6 +7,7 @@ travel as JSON through Celery (no pickle anywhere).
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -275,10 +276,27 @@ class Award(BaseModel):
     awarded_at: float = Field(default_factory=time.time)
 
 
-def describe_validation(exc: ValidationError, prefix: str = "") -> str:
-    """Render a pydantic error as ``field: reason (got value)`` clauses, field names prefixed."""
+def describe_validation(exc: ValidationError, prefix: str = "",
+                        names: Mapping[str, str] | None = None) -> str:
+    """Render a pydantic error as ``field: reason (got value)`` clauses, field names prefixed.
+
+    ``names`` maps a top-level field to the name the user wrote it under (used instead of
+    ``prefix + field``), e.g. ``{"window": "BIDDING_WINDOW"}`` for a value from the environment.
+    """
     parts = []
+    names = names or {}
     for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or "(root)"
-        parts.append(f"{prefix}{field}: {err['msg']} (got {err.get('input')!r})")
+        nested = (err.get("ctx") or {}).get("error")
+        if isinstance(nested, ConfigurationError):
+            # A model that validates itself on construction (RetryPolicy, given as a dict
+            # inside an Announcement) already said "retry_policy.field: reason (got value)":
+            # wrapping it in "retry_policy: Value error, ... (got {...})" would say it twice.
+            parts.append(str(nested))
+            continue
+        loc = [str(p) for p in err["loc"]]
+        if loc and loc[0] in names:
+            field = ".".join([names[loc[0]], *loc[1:]])
+        else:
+            field = prefix + (".".join(loc) or "(root)")
+        parts.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(parts)

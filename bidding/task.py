@@ -28,7 +28,6 @@ from celery import Task
 from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
 from celery.signals import task_internal_error, task_revoked
-from sqlalchemy.engine import make_url
 
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
@@ -42,6 +41,7 @@ from bidding.execution.report import report_if_final
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
+from bidding.store import masked_url
 from bidding.store.outage import outlasting
 
 logger = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             # leftover on a reused broker, or a worker whose store is not the caller's.
             logger.error("execution of %s (attempt %s) dropped: no such task in this node's "
                          "store (%s); check bidding_database_url", request.id, attempt,
-                         make_url(settings.database_url).render_as_string(hide_password=True))
+                         masked_url(settings.database_url))
             raise Ignore()
         setattr(request, _RUNNING, run)
         try:

@@ -236,10 +236,10 @@ def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
     fb = rfp.fallbacks
     now = time.time()
     if rfp.deferrals >= fb.max_deferrals:
+        # Never a new task: it starts with 0 deferrals ("deferrals" is no caller option) and
+        # max_deferrals >= 1, so it was deferred before and has a DEFERRED row to leave.
         reason = (f"deferred {rfp.deferrals} times: no live node offers "
                   f"{', '.join(rfp.required_skills) or 'any skill'}")
-        if new:  # pragma: no cover - max_deferrals >= 1, so a new task always defers first
-            session.add(_row(rfp, states.DEFERRED, []))
         if not transition(session, rfp.task_id, states.ESCALATED, kind=journal.ESCALATED,
                           from_states=(states.DEFERRED,), detail={"reason": reason},
                           error=reason, finished_at=now, due_at=None):

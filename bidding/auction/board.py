@@ -30,7 +30,6 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from bidding.config import Settings
-from bidding.errors import ConfigurationError
 from bidding.lifecycle import journal, states
 from bidding.models import Bid, Refusal
 from bidding.store import read_session, write_session
@@ -352,8 +351,8 @@ def get_board(settings: Settings, app: Celery) -> BidBoard:
         board = RedisBoard(url) if url else StoreBoard(settings.database_url)
     else:
         url = redis_url(choice)
-        if url is None:  # pragma: no cover - the setting's validator refuses it first
-            raise ConfigurationError(f"bidding_bid_board: not a Redis URL: {choice!r}")
+        # Settings admits only "auto", "store" and the URL schemes redis_url accepts.
+        assert url is not None
         board = RedisBoard(url)
     _boards[key] = board
     return board

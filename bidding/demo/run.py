@@ -124,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         for suffix in ("", "-wal", "-shm"):
             Path(f"{DEMO_DIR}/bidding.db{suffix}").unlink(missing_ok=True)
     database_url = os.environ["BIDDING_DATABASE_URL"]
-    print(f"store: {database_url}")
-
     from bidding.config import get_settings
     from bidding.demo import tasks
     from bidding.demo.app import app
     from bidding.observe.stats import collect
-    from bidding.store import upgrade
+    from bidding.store import masked_url, upgrade
+
+    print(f"store: {masked_url(database_url)}")
 
     settings = get_settings(app)
     upgrade(settings.database_url)

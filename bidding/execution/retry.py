@@ -53,11 +53,6 @@ def is_retryable(policy: RetryPolicy, exc: BaseException) -> bool:
     return True
 
 
-def retries_left(policy: RetryPolicy, attempts_done: int) -> bool:
-    """True when another attempt is allowed after ``attempts_done`` failed attempts."""
-    return attempts_done <= policy.max_retries
-
-
 @dataclass(frozen=True)
 class RetryPlan:
     """The next attempt of a failed task, when to announce it, and why (or why not)."""

@@ -1,6 +1,20 @@
 """The store: SQLAlchemy models, sessions and migrations (SQLite by default, PostgreSQL by URL)."""
 
-from bidding.store.engine import dispose_all, get_engine, read_session, write_session
+from bidding.store.engine import (
+    dispose_all,
+    get_engine,
+    masked_url,
+    read_session,
+    write_session,
+)
 from bidding.store.migrate import ensure_schema, upgrade
 
-__all__ = ["dispose_all", "ensure_schema", "get_engine", "read_session", "upgrade", "write_session"]
+__all__ = [
+    "dispose_all",
+    "ensure_schema",
+    "get_engine",
+    "masked_url",
+    "read_session",
+    "upgrade",
+    "write_session",
+]

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bidding.store.forkguard import guard
@@ -53,6 +54,15 @@ def normalize_url(url: str) -> str:
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
     return u.render_as_string(hide_password=False)
+
+
+def masked_url(url: str) -> str:
+    """``url`` fit to print or log: its password, if any, replaced by ``***``."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        # Not a URL SQLAlchemy can parse, so we cannot tell where a password would be.
+        return "(unparsable database URL)"
 
 
 @functools.lru_cache(maxsize=64)

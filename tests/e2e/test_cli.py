@@ -110,6 +110,33 @@ def test_worker_with_bad_profile_exits_with_error_naming_file_and_field(
     assert "celery@" not in result.stdout + result.stderr, shown(result)
 
 
+BAD_SETTINGS = {
+    # id: (environment variable, value, texts stderr must contain)
+    "not-a-number": ("BIDDING_MIN_TRUST", "abc", ["Input should be a valid number", "'abc'"]),
+    "out-of-range": ("BIDDING_MIN_TRUST", "150", ["less than or equal to 100", "'150'"]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SETTINGS), ids=list(BAD_SETTINGS))
+def test_worker_with_bad_setting_exits_with_one_line_naming_the_variable(case: str) -> None:
+    # Given a valid profile and a bad bidding setting in the environment
+    variable, value, expected = BAD_SETTINGS[case]
+    env = clean_env(**{variable: value})
+
+    # When the operator starts a worker
+    result = run_cli("worker", "workers/redfin.toml", "-A", "bidding.demo.app", env=env,
+                     timeout=30)
+
+    # Then it fails at once with one "Error: ..." line naming the variable and the reason
+    assert result.returncode == 1, shown(result)
+    assert "Traceback" not in result.stderr, shown(result)
+    assert result.stderr.startswith(f"Error: invalid settings: {variable}: "), shown(result)
+    assert len(result.stderr.strip().splitlines()) == 1, shown(result)
+    for text in expected:
+        assert text in result.stderr, shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
 def test_worker_without_app_asks_for_dash_a() -> None:
     # Given a valid profile and no CELERY_APP in the environment
     env = clean_env()
@@ -162,6 +189,53 @@ def test_db_upgrade_creates_schema_at_head_and_is_idempotent(tmp_path: Path) -> 
     assert second.returncode == 0, shown(second)
     assert "is up to date" in second.stdout, shown(second)
     assert _tables_and_versions(db_file) == (tables, versions)
+
+
+@pytest.fixture
+def postgres_url_with_password() -> Iterator[tuple[str, str]]:
+    """A fresh PostgreSQL database's URL that carries a password, and that password.
+
+    The test server trusts local connections and ignores the password, so one is made up
+    when BIDDING_TEST_POSTGRES has none.
+    """
+    import sqlalchemy as sa
+
+    from tests.conftest import POSTGRES_URL, require
+
+    admin_url = sa.engine.make_url(POSTGRES_URL)
+    try:
+        sa.create_engine(admin_url).connect().close()
+    except Exception as exc:  # any failure to connect means: no PostgreSQL here
+        require("PostgreSQL", False, f"{POSTGRES_URL}: {exc}")
+    password = admin_url.password or "hunter2-do-not-print"
+    name = f"bidding_cli_{os.getpid()}_{int(time.time() * 1000)}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    url = admin_url.set(database=name, password=password).render_as_string(hide_password=False)
+    try:
+        yield url, str(password)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_db_upgrade_does_not_print_the_database_password(
+    postgres_url_with_password: tuple[str, str],
+) -> None:
+    # Given a store URL with a password in it
+    url, password = postgres_url_with_password
+    assert password in url
+
+    # When the operator runs `bidding db upgrade` on it
+    result = run_cli("db", "upgrade", "--database-url", url)
+
+    # Then it succeeds and names the store with its password masked
+    assert result.returncode == 0, shown(result)
+    assert password not in result.stdout + result.stderr, shown(result)
+    masked = url.replace(password, "***")
+    assert result.stdout.strip() == f"store at {masked} is up to date", shown(result)
 
 
 # --- bidding explain -------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 """AITP execution on real workers: retries with backoff on other nodes, a node killed mid-task,
-a winner that never starts, timeouts, budgets, output schemas, deferral, progress."""
+a winner that never starts, timeouts, budgets, output schemas, deferral, progress.
+
+Every test runs with the store on SQLite and on PostgreSQL. Each call names a task type of its
+own, so no test's learned history (experience, confidence) changes which node wins another's
+auction, and a test that takes a node away puts it back: the tests pass in any order.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +47,14 @@ from tests.integration.app import (
     steps,
     stubborn,
 )
-from tests.integration.conftest import NODES, Cluster, running_cluster, wait_for, write_profile
+from tests.integration.conftest import (
+    NODES,
+    Cluster,
+    _postgres_database,
+    running_cluster,
+    wait_for,
+    write_profile,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -75,15 +87,31 @@ def webhook() -> Iterator[str]:
         server.shutdown()
 
 
-@pytest.fixture(scope="module")
-def nodes(redis_broker: str, webhook: str,
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def nodes(request: pytest.FixtureRequest, redis_broker: str, webhook: str,
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    directory = tmp_path_factory.mktemp("cluster-lifecycle")
+    """The three test nodes with a short heartbeat TTL and the webhook, on either store."""
+    directory = tmp_path_factory.mktemp(f"cluster-lifecycle-{request.param}")
     env = {"BIDDING_HEARTBEAT_TTL": str(TTL), "BIDDING_HEARTBEAT_INTERVAL": "0.5",
            "BIDDING_NOTIFY_URL": webhook, "BIDDING_HARD_TIMEOUT_GRACE": "0.5"}
-    with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
-                         extra_env=env) as cluster:
-        yield cluster
+    if request.param == "sqlite":
+        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                             extra_env=env) as cluster:
+            yield cluster
+        return
+    databases = _postgres_database()
+    url = next(databases)
+    try:
+        with running_cluster(url, directory, "postgresql", extra_env=env) as cluster:
+            yield cluster
+    finally:
+        for _ in databases:  # runs the database's teardown
+            pass
+
+
+def fresh_type() -> str:
+    """A task type no node has history of."""
+    return f"lifecycle-{uuid.uuid4().hex[:8]}"
 
 
 def messages(cluster: Cluster, task_id: str) -> list[Message]:
@@ -162,13 +190,26 @@ def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
         cluster.bury(profile.name)
 
 
+@contextmanager
+def killed(cluster: Cluster, name: str) -> Iterator[None]:
+    """Kill node ``name`` with SIGKILL; afterwards start it again, as systemd would, because
+    the other tests count on all three nodes."""
+    cluster.federation.kill(name, signal.SIGKILL)
+    try:
+        yield
+    finally:
+        cluster.federation.restart(name)
+        cluster.federation.wait_live(cluster.settings, [name], timeout=60)
+
+
 def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delays(
     nodes: Cluster,
 ) -> None:
     # given a task that fails its first two attempts, with AITP's exponential policy (base 0.5 s)
     policy = bidding.RetryPolicy(max_retries=3, backoff="exponential", base_ms=500)
     key = f"flaky-{time.time()}"
-    result = flaky.apply_async((key, 2), bidding={"retry_policy": policy.model_dump()})
+    result = flaky.apply_async((key, 2), bidding={"retry_policy": policy.model_dump(),
+                                                  "task_type": fresh_type()})
     # when the caller waits on the id .delay() returned
     value = result.get(timeout=30)
     # then the third attempt's value arrives, and each attempt ran on a different node
@@ -189,7 +230,8 @@ def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delay
 def test_a_non_retryable_error_fails_at_once(nodes: Cluster) -> None:
     # given a policy that does not retry RuntimeError
     policy = {"max_retries": 3, "base_ms": 100, "non_retryable": ["RuntimeError"]}
-    result = flaky.apply_async((f"nr-{time.time()}", 5), bidding={"retry_policy": policy})
+    result = flaky.apply_async((f"nr-{time.time()}", 5), bidding={"retry_policy": policy,
+                                                                  "task_type": fresh_type()})
     # then the first failure is final
     with pytest.raises(RuntimeError, match="attempt 1 fails"):
         result.get(timeout=15)
@@ -201,7 +243,7 @@ def test_self_retry_is_a_new_auction_on_another_node(nodes: Cluster) -> None:
     # given a task that calls self.retry(countdown=0.3) twice, as Celery users write it
     key = f"retry-{time.time()}"
     # when it runs, then the third attempt returns, each on a different node
-    value = retrying.delay(key, 2).get(timeout=30)
+    value = retrying.apply_async((key, 2), bidding={"task_type": fresh_type()}).get(timeout=30)
     assert value["attempts"] == 3
     tried = [n.decode() for n in nodes.counters.lrange(f"nodes:{key}", 0, -1)]
     assert len(set(tried)) == 3, tried
@@ -211,11 +253,12 @@ def test_self_retry_passes_its_new_arguments_and_stops_at_max_retries(nodes: Clu
     # given a task that retries itself with new arguments, max_retries=2 (as in plain Celery)
     key = f"countdown-{time.time()}"
     # when it needs two retries, then each attempt got the arguments its retry gave
-    assert countdown.delay(key, 2).get(timeout=30) == [2, 1, 0]
+    assert countdown.apply_async((key, 2), bidding={"task_type": fresh_type()}).get(
+        timeout=30) == [2, 1, 0]
     # and when it would need five, then the third attempt's retry is refused, as Celery does
     key = f"countdown-{time.time()}"
     with pytest.raises(MaxRetriesExceededError):
-        countdown.delay(key, 5).get(timeout=30)
+        countdown.apply_async((key, 5), bidding={"task_type": fresh_type()}).get(timeout=30)
     assert [int(v) for v in nodes.counters.lrange(f"args:{key}", 0, -1)] == [5, 4, 3]
 
 
@@ -225,7 +268,8 @@ def test_a_winner_that_never_starts_the_task_is_replaced_by_the_next_best_bidder
     # given a node that bids best but whose workers never take the task
     with bidding_ghost(nodes, ["shared", "ghostly"]):
         started = time.monotonic()
-        result = ghostly.apply_async(("boo",), bidding={"schedule_to_start_timeout": 1.0})
+        result = ghostly.apply_async(("boo",), bidding={"schedule_to_start_timeout": 1.0,
+                                                        "task_type": fresh_type()})
         # when it is not started within 1 s, then the next-best bidder runs it
         value = result.get(timeout=20)
         elapsed = time.monotonic() - started
@@ -243,6 +287,7 @@ def test_a_winner_that_never_starts_the_task_is_replaced_by_the_next_best_bidder
 def test_a_soft_time_limit_is_retried_with_the_extended_limit(nodes: Cluster) -> None:
     # given a 1.5 s job with a 0.5 s soft limit, extended to 5 s on timeout
     result = sleepy.apply_async((1.5,), bidding={
+        "task_type": fresh_type(),
         "timeout_seconds": 0.5,
         "fallbacks": {"on_timeout": "extend", "extended_timeout_seconds": 5},
     })
@@ -262,7 +307,8 @@ def test_a_hard_time_limit_fails_the_task_for_the_caller_and_in_the_store(
 ) -> None:
     # given a task that ignores its 0.5 s soft limit (the hard limit follows 0.5 s later)
     result = stubborn.apply_async((5.0,), bidding={"timeout_seconds": 0.5,
-                                                   "fallbacks": {"on_timeout": "fail"}})
+                                                   "fallbacks": {"on_timeout": "fail"},
+                                                   "task_type": fresh_type()})
     # then Celery kills it at the hard limit and the caller sees TimeLimitExceeded ...
     from celery.exceptions import TimeLimitExceeded
 
@@ -277,7 +323,7 @@ def test_a_hard_time_limit_fails_the_task_for_the_caller_and_in_the_store(
 def test_a_budget_overrun_fails_the_task_and_notifies(nodes: Cluster) -> None:
     # given a budget of 0.5 and a task that consumes 100 units at 0.01 each
     Hook.received.clear()
-    result = metered.apply_async((100,), bidding={"budget": 0.5})
+    result = metered.apply_async((100,), bidding={"budget": 0.5, "task_type": fresh_type()})
     # then the caller sees the overrun ...
     with pytest.raises(bidding.CostExceededError, match=r"spent 1\.0000 of budget 0\.5000"):
         result.get(timeout=15)
@@ -292,7 +338,8 @@ def test_a_budget_overrun_fails_the_task_and_notifies(nodes: Cluster) -> None:
 
 def test_bids_over_the_remaining_budget_are_not_awarded(nodes: Cluster) -> None:
     # given a budget below every node's price for the announced units
-    result = metered.apply_async((1,), bidding={"budget": 0.001, "units": 1})
+    result = metered.apply_async((1,), bidding={"budget": 0.001, "units": 1,
+                                                "task_type": fresh_type()})
     # then no bid is valid, and nothing ran
     with pytest.raises(bidding.NoBidsError, match="exceeds remaining budget"):
         result.get(timeout=15)
@@ -302,11 +349,12 @@ def test_the_output_schema_decides_success(nodes: Cluster) -> None:
     schema = {"type": "object", "properties": {"value": {"type": "integer"}},
               "required": ["value"]}
     # given a result that matches the schema, then SUCCESS
-    ok = shaped.apply_async((7,), bidding={"output_schema": schema})
+    ok = shaped.apply_async((7,), bidding={"output_schema": schema, "task_type": fresh_type()})
     assert ok.get(timeout=15) == {"value": 7}
     assert state_of(nodes, ok.id) == "SUCCESS"
     # given one that does not, then FAILED with the validation error
-    bad = shaped.apply_async(("seven",), bidding={"output_schema": schema})
+    bad = shaped.apply_async(("seven",), bidding={"output_schema": schema,
+                                                  "task_type": fresh_type()})
     with pytest.raises(bidding.OutputValidationError, match="at value: 'seven' is not of"):
         bad.get(timeout=15)
     assert state_of(nodes, bad.id) == "FAILED"
@@ -315,7 +363,7 @@ def test_the_output_schema_decides_success(nodes: Cluster) -> None:
 
 def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
     # given a task reporting progress after each of 3 steps
-    result = steps.delay(3, 0.2)
+    result = steps.apply_async((3, 0.2), bidding={"task_type": fresh_type()})
     assert result.get(timeout=15) == 3
     # then every report is a PROGRESS_UPDATE message, and status shows the last one
     updates = [m.detail for m in messages(nodes, result.id) if m.kind == "PROGRESS_UPDATE"]
@@ -328,14 +376,15 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
 def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     nodes: Cluster,
 ) -> None:
-    # given every execution slot busy for 5 s (three nodes, two slots each; a task type every
-    # node still bids on with confidence: earlier tests failed `sleepy`)
-    blockers = [steps.delay(5, 1.0) for _ in range(6)]
+    # given every execution slot busy for 5 s (three nodes, two slots each)
+    busy = fresh_type()
+    blockers = [steps.apply_async((5, 1.0), bidding={"task_type": busy}) for _ in range(6)]
     assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
                     15)
     # when a task with a deadline 2 s away is announced: it is awarded, and waits in a queue
     key = f"late-{time.time()}"
-    result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0})
+    result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0,
+                                                   "task_type": fresh_type()})
     # then it fails without starting, and the caller and the log say why
     with pytest.raises(bidding.DeadlinePassedError, match="before the task could start"):
         result.get(timeout=30)
@@ -357,7 +406,7 @@ def test_an_execution_message_for_a_task_the_store_does_not_know_is_dropped(
     # given an execution message for a task that was never announced in this store (a leftover
     # on a reused broker, or a caller with another store)
     key = f"stray-{time.time()}"
-    stray = Spec(task_id=str(uuid.uuid4()), task_name=slow.name, task_type="slow",
+    stray = Spec(task_id=str(uuid.uuid4()), task_name=slow.name, task_type=fresh_type(),
                  args=[key, 0.1])
     send_execution(nodes.app, stray, "north", nodes.settings)
     # then the node drops it with an error naming the task, and the body never runs
@@ -371,16 +420,20 @@ def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Clu
                                                                        tmp_path: Any) -> None:
     # given no node with late_skill, and a task that defers every 0.5 s
     result = late.apply_async((5,), bidding={
+        "task_type": fresh_type(),
         "fallbacks": {"on_capability_unavailable": "defer", "defer_seconds": 0.5}})
     assert_reaches(nodes, result.id, "DEFERRED", 5)
     # when a capable node joins
     nodes.federation.start([write_profile(tmp_path, "latecomer", ["late_skill"])])
-    nodes.federation.wait_live(nodes.settings, ["latecomer"], timeout=60)
-    # then the task runs there
-    assert result.get(timeout=30)["node"] == "latecomer"
-    kinds = [m.kind for m in messages(nodes, result.id)]
-    assert kinds[0] == "DEFERRED" and "ANNOUNCED" in kinds and kinds[-1] == "TASK_SUCCEEDED"
-    nodes.federation.stop_node("latecomer")
+    try:
+        nodes.federation.wait_live(nodes.settings, ["latecomer"], timeout=60)
+        # then the task runs there
+        assert result.get(timeout=30)["node"] == "latecomer"
+        kinds = [m.kind for m in messages(nodes, result.id)]
+        assert kinds[0] == "DEFERRED" and "ANNOUNCED" in kinds and kinds[-1] == "TASK_SUCCEEDED"
+    finally:
+        # The later tests count on the three equal nodes alone.
+        nodes.federation.stop_node("latecomer")
 
 
 def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
@@ -388,24 +441,25 @@ def test_a_node_killed_mid_task_loses_it_to_another_node_that_runs_it_once(
 ) -> None:
     # given a 3 s task running on some node
     key = f"slow-{time.time()}"
-    result = slow.delay(key, 3.0)
+    result = slow.apply_async((key, 3.0), bidding={"task_type": fresh_type()})
     assert_reaches(nodes, result.id, "EXECUTING", 20)
     victim = bidding.explain(result.id, app=nodes.app).winner
     assert victim in NODES
     record_before = node_record(nodes, victim)
     # when that node is killed with SIGKILL (no warm shutdown, no heartbeat any more)
-    nodes.federation.kill(victim, signal.SIGKILL)
-    # then, once its heartbeat is older than the TTL, the next-best bidder runs the task
-    value = result.get(timeout=30)
-    assert value["node"] != victim
-    # and the body ran to completion exactly once
-    assert int(nodes.counters.get(f"finished:{key}") or 0) == 1
-    moved = next(m for m in messages(nodes, result.id) if m.kind == "REAWARDED")
-    assert moved.detail["from"] == victim and "stopped heartbeating" in moved.detail["reason"]
-    with read_session(nodes.settings.database_url) as s:
-        lost = s.scalars(select(Episode).where(Episode.task_id == result.id,
-                                               Episode.node == victim)).one()
-    assert lost.success is False
-    # and the lost attempt counts in the victim's record, as a failure
-    attempts, successes = node_record(nodes, victim)
-    assert (attempts - record_before[0], successes - record_before[1]) == (1, 0)
+    with killed(nodes, victim):
+        # then, once its heartbeat is older than the TTL, the next-best bidder runs the task
+        value = result.get(timeout=30)
+        assert value["node"] != victim
+        # and the body ran to completion exactly once
+        assert int(nodes.counters.get(f"finished:{key}") or 0) == 1
+        moved = next(m for m in messages(nodes, result.id) if m.kind == "REAWARDED")
+        assert moved.detail["from"] == victim
+        assert "stopped heartbeating" in moved.detail["reason"]
+        with read_session(nodes.settings.database_url) as s:
+            lost = s.scalars(select(Episode).where(Episode.task_id == result.id,
+                                                   Episode.node == victim)).one()
+        assert lost.success is False
+        # and the lost attempt counts in the victim's record, as a failure
+        attempts, successes = node_record(nodes, victim)
+        assert (attempts - record_before[0], successes - record_before[1]) == (1, 0)

@@ -8,6 +8,7 @@ required_skills).
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -346,6 +347,47 @@ def test_bad_option_value_names_the_field(options, field):
     message = str(info.value)
     assert message.startswith("bidding options of demo.tasks.extract: ")
     assert f"{field}: " in message
+
+
+BAD_POLICIES = {
+    # id: (retry policy as a dict, what the error must say after the task's name)
+    "out-of-range": ({"max_retries": -1},
+                     "retry_policy.max_retries: Input should be greater than or equal to 0 "
+                     "(got -1)"),
+    "unknown-key": ({"max_retry": 3},
+                    "retry_policy.max_retry: Extra inputs are not permitted (got 3)"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_POLICIES), ids=list(BAD_POLICIES))
+@pytest.mark.parametrize("where", ["apply_async-bidding", "task-retry_policy"])
+def test_bad_retry_policy_dict_names_the_field_and_reason_once(case, where, monkeypatch):
+    from celery import Celery
+
+    import bidding
+    from bidding.config import celery_conf
+
+    for name in [k for k in os.environ if k.startswith("BIDDING_")]:
+        monkeypatch.delenv(name)
+    policy, expected = BAD_POLICIES[case]
+    app = Celery("t", set_as_current=False)
+    app.conf.update(celery_conf("memory://"))
+    bidding.install(app)
+
+    # given a task whose retry policy is a dict with a bad field: on the task, or in a call
+    @app.task(base=bidding.BiddingTask, name="demo.tasks.extract", required_skills=["x"],
+              retry_policy=policy if where == "task-retry_policy" else None, shared=False)
+    def extract() -> None:
+        """The task body never runs: the call is refused before it is announced."""
+
+    options = {"retry_policy": policy} if where == "apply_async-bidding" else None
+
+    # when it is called
+    with pytest.raises(ConfigurationError) as info:
+        extract.apply_async(bidding=options)
+
+    # then the error names the task, then the field and the reason, once
+    assert str(info.value) == f"bidding options of demo.tasks.extract: {expected}"
 
 
 def test_unknown_strategy_name_is_refused_at_once():

@@ -80,11 +80,26 @@ def test_bad_window_names_the_setting():
     assert "bidding_window: Input should be greater than 0 (got -1)" in message
 
 
-def test_bad_window_from_environment_names_the_setting():
+def test_bad_window_from_environment_names_the_variable_the_user_set():
     # given a non-numeric window in the environment
-    with pytest.raises(ConfigurationError, match="bidding_window") as info:
+    with pytest.raises(ConfigurationError) as info:
         load_settings({}, {"BIDDING_WINDOW": "soon"})
-    assert "'soon'" in str(info.value)
+    message = str(info.value)
+    # then the message names BIDDING_WINDOW (what the user set), not the conf key
+    assert "BIDDING_WINDOW: Input should be a valid number" in message
+    assert "(got 'soon')" in message
+    assert "bidding_window" not in message
+
+
+def test_bad_settings_are_named_by_where_each_came_from():
+    # given a bad min_trust in the environment and a bad window in app.conf
+    # when settings are loaded
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({"bidding_window": 0}, {"BIDDING_MIN_TRUST": "150"})
+    message = str(info.value)
+    # then each is named as the user wrote it: the variable, and the conf key
+    assert "BIDDING_MIN_TRUST: Input should be less than or equal to 100 (got '150')" in message
+    assert "bidding_window: Input should be greater than 0 (got 0)" in message
 
 
 def test_bad_no_bid_names_the_setting():

@@ -9,7 +9,7 @@ from pathlib import Path
 from sqlalchemy import text
 
 from bidding.store import write_session
-from bidding.store.engine import dispose_all
+from bidding.store.engine import dispose_all, masked_url
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -40,3 +40,15 @@ def test_writers_in_four_processes_lose_no_update(tmp_path: Path) -> None:
     with write_session(url) as session:
         assert session.execute(text("SELECT n FROM counter")).scalar_one() == 400
     dispose_all()
+
+
+def test_masked_url_hides_only_the_password() -> None:
+    # Given store URLs with a password, without one, and one that is not a URL
+    with_password = "postgresql+psycopg://bob:s3cret@db.example:5432/bidding"
+    without = "sqlite:////var/lib/bidding.db"
+
+    # When they are masked for printing
+    # Then the password is replaced, everything else kept, and garbage is not echoed back
+    assert masked_url(with_password) == "postgresql+psycopg://bob:***@db.example:5432/bidding"
+    assert masked_url(without) == without
+    assert masked_url("not a url: s3cret") == "(unparsable database URL)"
