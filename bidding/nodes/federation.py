@@ -50,6 +50,9 @@ class Federation:
     loglevel: str = "INFO"
     cwd: Path = field(default_factory=Path.cwd)
     extra_args: Sequence[str] = ()
+    #: A command each named worker's command runs under (e.g. ``ip netns exec HOST``: the
+    #: worker then runs on another "host"), by worker name.
+    prefix: Mapping[str, Sequence[str]] = field(default_factory=dict)
     nodes: dict[str, NodeProcess] = field(default_factory=dict)
 
     def start(self, profiles: Iterable[str | Path]) -> None:
@@ -67,6 +70,7 @@ class Federation:
     def _spawn(self, name: str, node: str, path: Path, extra: list[str]) -> NodeProcess:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         cmd = [
+            *self.prefix.get(name, ()),
             sys.executable, "-m", "bidding.cli", "worker", str(path), "-A", self.app,
             "-c", str(self.concurrency), "-l", self.loglevel, *self.extra_args, *extra,
         ]
