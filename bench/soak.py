@@ -267,7 +267,7 @@ def report(result: SoakResult) -> str:
         + (", ".join(f"{n} {k}" for k, n in v.refusals.most_common()) or "none") + "); "
         f"{v.succeeded} SUCCESS and {v.failed_as_meant} FAILED as meant "
         f"(every {c.fail_every}th fails on purpose, retried once)",
-        f"- faults: {len(result.faults)} ({', '.join(result.faults)})",
+        f"- faults: {_fault_counts(result.faults)}; first: {', '.join(result.faults[:4])}",
         f"- bodies run twice: {v.duplicates}, explained by a kill between a body's end and "
         f"its recorded completion: {v.duplicates_explained}; runs cut short by a kill: "
         f"{v.interrupted_runs}",
@@ -281,6 +281,12 @@ def report(result: SoakResult) -> str:
     lines += [f"  - {p}" for p in v.problems[:50]]
     lines += [f"  - chaos error: {e}" for e in result.chaos_errors]
     return "\n".join(lines) + "\n"
+
+
+def _fault_counts(faults: list[str]) -> str:
+    counts = Counter(f.split()[0] for f in faults)
+    names = {"kill": "SIGKILL + restart", "broker": "broker restart", "store": "store restart"}
+    return ", ".join(f"{n} {names.get(k, k)}" for k, n in counts.items()) or "none"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,10 +24,10 @@ import time
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from celery import Task
-from celery.exceptions import Ignore, Retry, TimeLimitExceeded
+from celery import Task, current_app
+from celery.exceptions import Ignore, NotRegistered, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
-from celery.signals import task_internal_error, task_revoked
+from celery.signals import task_internal_error, task_revoked, task_unknown
 
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
@@ -37,7 +37,7 @@ from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
-from bidding.execution.report import report_if_final
+from bidding.execution.report import fail_caller, report_if_final
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -253,3 +253,29 @@ def _outcome_not_written(sender: Any = None, task_id: str | None = None,
                            "sweeper writes it from the store", task_id, exception)
     except Exception:  # the store is down too: the watchdogs and the next incarnation remain
         logger.exception("recording that %s's outcome was not written failed", task_id)
+
+
+@task_unknown.connect  # type: ignore[untyped-decorator]  # Celery is untyped
+def _not_registered_on_a_node(sender: Any = None, message: Any = None, name: str = "",
+                              id: str = "", **_: Any) -> None:
+    """A node's worker received the execution of a task its app does not register: Celery
+    drops the message and stores ``NotRegistered`` for the caller; the store ends the task
+    FAILED with the reason (instead of keeping it ASSIGNED and sending it again for ever) and
+    the task's canvas runs its failure path. Runs in the worker's main process."""
+    headers = getattr(message, "headers", None) or {}
+    attempt, node = headers.get(ATTEMPT_HEADER), headers.get(NODE_HEADER)
+    if attempt is None or node is None or not id:
+        return  # not a bidding execution
+    app = getattr(sender, "app", None) or current_app
+    reason = (f"node {node} cannot run {name}: no task of that name is registered in its "
+              f"workers' app ({app.main}); register it there, or keep it off that node")
+    settings = get_settings(app)
+    error = NotRegistered(name)  # what Celery stored: the caller sees one error, not two
+    try:
+        rfp = execution.unrunnable(settings, id, int(attempt), str(node), reason, error)
+        if rfp is not None:
+            logger.error("task %s: %s", id, reason)
+            fail_caller(app, settings, rfp, error)
+            history_changed(settings, app, str(node))
+    except Exception:  # never break the worker's consumer; the watchdogs remain
+        logger.exception("recording that %s cannot run on %s failed", id, node)

@@ -99,6 +99,11 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
         elif profile.name != node:
             response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
                                reason=f"profile mismatch: worker runs node {profile.name!r}")
+        elif rfp.task_name and rfp.task_name not in app.tasks:
+            # Its pool would drop the message (NotRegistered): never win work it cannot run.
+            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
+                               reason=f"task {rfp.task_name} is not registered on this node "
+                                      f"(its workers run -A {app.main})")
         else:
             version = body.get("history_version")  # stamped by the Redis board
             if version is None:

@@ -259,6 +259,29 @@ def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: s
                           error=reason, finished_at=now, due_at=None)
 
 
+def unrunnable(settings: Settings, task_id: str, attempt: int, node: str, reason: str,
+               exc: BaseException, now: float | None = None) -> Announcement | None:
+    """``node``'s worker cannot run the task at all (no task of that name in its app): the
+    task is FAILED with ``reason`` (sending it again would only repeat it) and counts against
+    the node, which bid on work it cannot do. Returns the task's announcement, for telling
+    its caller; None when this attempt no longer holds the task."""
+    now = time.time() if now is None else now
+    with write_session(settings.database_url) as session:
+        row = session.get(AnnouncementRow, task_id)
+        if row is None or row.attempt != attempt or row.assigned_node != node:
+            return None
+        rfp = Announcement.model_validate(row.spec)
+        run = Running(task_id, attempt, node, Start.FIRST, rfp, began=time.monotonic())
+        failed = transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
+                            from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt,
+                            expect_node=node, at=now, detail={"error": reason},
+                            error=reason, finished_at=now, due_at=None,
+                            result=exception_json(exc))
+        if failed:
+            _episode(session, run, success=False, now=now, cost=0.0, error=reason)
+    return rfp if failed else None
+
+
 def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
     """The pool process was killed at the hard time limit: the attempt is FAILED.
 
