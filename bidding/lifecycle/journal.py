@@ -22,6 +22,9 @@ TASK_COMPLETED: Final = "TASK_COMPLETED"
 TASK_SUCCEEDED: Final = "TASK_SUCCEEDED"
 TASK_FAILED: Final = "TASK_FAILED"
 ILLEGAL_TRANSITION: Final = "ILLEGAL_TRANSITION"
+#: A refused change from an attempt, or a node, that no longer holds the task (it was
+#: re-awarded or retried meanwhile): the expected aftermath of a lost winner, not a fault.
+STALE_UPDATE: Final = "STALE_UPDATE"
 SCHEDULED: Final = "SCHEDULED"
 RETRYING: Final = "RETRYING"
 REAWARDED: Final = "REAWARDED"

@@ -3,7 +3,8 @@
 Every change of a task's state goes through ``transition`` (or ``apply``, which also takes a
 path of steps and returns columns). It moves the task only from the states
 ``states.ALLOWED`` permits (optionally narrowed), and only for the expected attempt and node;
-a refused transition is logged as ILLEGAL_TRANSITION with the state it found, never applied.
+a refused transition is logged as ILLEGAL_TRANSITION with the state it found (STALE_UPDATE when
+the task has moved on to another attempt or node meanwhile), never applied.
 
 The statements are Core statements built once per shape (which columns are set, which
 conditions apply) and cached: building an ORM ``update()`` and synchronizing the session cost
@@ -155,8 +156,14 @@ def apply(
         return Outcome(True, row)
     found = session.execute(_select(_FOUND + tuple(returning)),
                             {"t_task_id": task_id}).one_or_none()
+    # Found in another attempt, or with another node, than the caller held: the task moved on
+    # (a re-award, a retry), so the caller's change is stale rather than illegal.
+    stale = found is not None and (
+        (expect_attempt is not None and found[1] != expect_attempt)
+        or (expect_node is not None and found[2] != expect_node))
     journal.record(
-        session, task_id, journal.ILLEGAL_TRANSITION, node=first.message_node or expect_node,
+        session, task_id, journal.STALE_UPDATE if stale else journal.ILLEGAL_TRANSITION,
+        node=first.message_node or expect_node,
         attempt=first.values.get("attempt", expect_attempt) or 1, at=at, target=first.target,
         wanted=first.kind,
         current=None if found is None else found[0],

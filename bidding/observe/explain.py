@@ -14,6 +14,7 @@ from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import states
 from bidding.models import Bid
+from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.store import ensure_schema, read_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
@@ -75,6 +76,11 @@ class Explanation(BaseModel):
     assignment_ms: float | None
     bids: list[BidView]
     messages: list[MessageView]
+    #: Each attempt: its node(s), how it ended and why.
+    attempts: list[AttemptView] = []
+    #: The attempt the task is in (or ended in); ``winner``, ``error`` and the bid table of
+    #: the text report are this attempt's.
+    attempt: int = 1
 
     def render(self) -> str:
         """A plain-text report for terminals."""
@@ -84,19 +90,29 @@ class Explanation(BaseModel):
             f"   preferred node: {self.preferred_node or '-'}   strategy: {self.strategy}",
             f"  candidates: {', '.join(self.candidates) or '(none)'}",
         ]
+        if len(self.attempts) > 1 or (self.attempts and self.attempts[0].error):
+            lines.append("  attempts:")
+            lines += [f"    {a.line()}" for a in self.attempts]
         if self.winner:
             lines.append(
-                f"  winner: {self.winner} ({self.outcome}, score "
+                f"  attempt {self.attempt} winner: {self.winner} ({self.outcome}, score "
                 f"{_num(self.winning_score)}) closed by {self.closed_by} after "
                 f"{_num(self.assignment_ms, 1)} ms"
             )
-        else:
-            lines.append(f"  no winner ({self.closed_by}): {self.error}")
+        elif self.closed_by:
+            lines.append(f"  attempt {self.attempt}: no winner ({self.closed_by}): {self.error}")
+        elif self.error:
+            lines.append(f"  attempt {self.attempt}: {self.error}")
+        shown = [b for b in self.bids if b.attempt == self.attempt]
+        earlier = len(self.bids) - len(shown)
+        lines.append(
+            f"  bids of attempt {self.attempt}"
+            + (f" ({earlier} of earlier attempts in --json)" if earlier else "") + ":")
         lines.append(
             f"  {'node':<10} {'score':>6} {'cap':>5} {'exp':>5} {'load':>5} {'conf':>5} "
             f"{'cost':>7} {'lat':>5} {'trust':>5}  breakdown / reason"
         )
-        for b in sorted(self.bids, key=lambda b: (not b.is_winner, -(b.score or -1), b.node)):
+        for b in sorted(shown, key=lambda b: (not b.is_winner, -(b.score or -1), b.node)):
             mark = "*" if b.is_winner else " "
             if not b.will_bid:
                 lines.append(f" {mark}{b.node:<10} refused: {b.reason}")
@@ -184,6 +200,8 @@ def explain(task_id: str, app: Celery | None = None, *,
                             detail=dict(m.detail or {}))
                 for m in messages
             ],
+            attempts=attempt_history(messages),
+            attempt=row.attempt,
         )
 
 

@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from bidding.errors import UnknownTaskError
 from bidding.models import Announcement
+from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.store import ensure_schema, read_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import LedgerEntry, Message
@@ -41,6 +42,8 @@ class TaskStatus(BaseModel):
     error: str | None
     retry_at: float | None
     last_events: list[str]
+    #: Each attempt: its node(s), how it ended and why.
+    attempts: list[AttemptView] = []
 
     def render(self) -> str:
         """Plain text for terminals."""
@@ -57,6 +60,9 @@ class TaskStatus(BaseModel):
         for e in self.ledger:
             lines.append(f"    attempt {e.attempt} on {e.node}: {e.units:g} units x "
                          f"{e.price_per_unit:g} = {e.total:.4f}")
+        if len(self.attempts) > 1 or (self.attempts and self.attempts[0].error):
+            lines.append("  attempts:")
+            lines += [f"    {a.line()}" for a in self.attempts]
         if self.error:
             lines.append(f"  error: {self.error}")
         lines.append("  last events: " + ", ".join(self.last_events))
@@ -72,8 +78,9 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
             raise UnknownTaskError(f"task {task_id}: no such announcement in the store")
         ledger = session.scalars(select(LedgerEntry).where(LedgerEntry.task_id == task_id)
                                  .order_by(LedgerEntry.id)).all()
-        kinds = session.scalars(select(Message.kind).where(Message.task_id == task_id)
-                                .order_by(Message.id.desc()).limit(events)).all()
+        log = session.scalars(select(Message).where(Message.task_id == task_id)
+                              .order_by(Message.id)).all()
+        kinds = [m.kind for m in log[-events:]]
         rfp = Announcement.model_validate(row.spec)
         spent = sum(e.total for e in ledger)
         return TaskStatus(
@@ -85,5 +92,6 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
                                price_per_unit=e.price_per_unit, total=e.total) for e in ledger],
             error=row.error,
             retry_at=row.due_at if row.state in ("RETRYING", "DEFERRED", "PENDING") else None,
-            last_events=list(reversed(kinds)),
+            last_events=kinds,
+            attempts=attempt_history(log),
         )

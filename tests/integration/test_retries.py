@@ -62,6 +62,12 @@ def test_a_task_that_runs_out_of_retries_ends_with_its_own_error(cluster: Cluste
     assert cluster.executions(result.id) == 4
     status = bidding.status.task_status(cluster.settings.database_url, result.id)
     assert status.state == "FAILED" and "ValueError: boom" in (status.error or "")
+    # and status and explain show every attempt with its node and its own error
+    for text in (status.render(), bidding.explain(result.id, app=cluster.app).render()):
+        shown = [line.strip() for line in text.splitlines() if line.strip().startswith("#")]
+        assert len(shown) == 4, text
+        assert all("failed: ValueError: boom" in line for line in shown), text
+        assert all(line.split()[1].rstrip(":") in NODES for line in shown), text
 
 
 def test_a_retry_with_one_capable_node_goes_back_to_it(cluster: Cluster) -> None:

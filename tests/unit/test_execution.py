@@ -80,7 +80,9 @@ def illegal(target: str, wanted: str, current: str | None, *, node: str | None =
             attempt: int | None = 1, current_attempt: int | None = 1,
             current_node: str | None = NODE, expected_node: str | None = NODE,
             ) -> tuple[str, str | None, int, dict[str, Any]]:
-    return (journal.ILLEGAL_TRANSITION, node, attempt or 1, {
+    # A change from an attempt or node that no longer holds the task is stale, not illegal.
+    stale = current is not None and (current_attempt != attempt or current_node != expected_node)
+    return (journal.STALE_UPDATE if stale else journal.ILLEGAL_TRANSITION, node, attempt or 1, {
         "target": target, "wanted": wanted, "current": current,
         "current_attempt": current_attempt if current else None,
         "current_node": current_node if current else None,
