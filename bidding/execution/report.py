@@ -14,6 +14,7 @@ returns the real result or the real error, never a transport error for a task th
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from typing import Any, cast
 
@@ -72,6 +73,7 @@ def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
     The store keeps the error either way; when the backend cannot be written (the broker that
     is also the backend is restarting), a sweeper writes it once it can.
     """
+    failed_event(app, rfp, exc)
     try:
         app.backend.mark_as_failure(rfp.task_id, exc, request=caller_request(rfp))
     except Exception as error:
@@ -84,6 +86,20 @@ def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
                         .where(AnnouncementRow.task_id == rfp.task_id,
                                AnnouncementRow.result.is_(None))
                         .values(result=exception_json(exc)))
+
+
+def failed_event(app: Celery, rfp: Announcement, exc: BaseException) -> None:
+    """Send ``task-failed`` for a task that failed outside any worker, when the app sends task
+    events (Flower builds its task list from them, and would otherwise show the task PENDING
+    or RETRY for ever). Sent as ``bidding@<host>``: the process that decided it."""
+    if not (app.conf.worker_send_task_events or app.conf.task_send_sent_event):
+        return
+    try:
+        with app.events.default_dispatcher(hostname=f"bidding@{socket.gethostname()}") as events:
+            events.send("task-failed", uuid=rfp.task_id, name=rfp.task_name,
+                        exception=f"{type(exc).__name__}({str(exc)!r})", traceback="")
+    except Exception:  # events are a view: the store and the backend hold the outcome
+        logger.debug("task-failed event of %s not sent", rfp.task_id, exc_info=True)
 
 
 def report_later(settings: Settings, task_id: str, delay: float = 1.0,

@@ -251,3 +251,20 @@ def test_flower_shows_each_awarded_task_succeeded_on_the_winning_node(
             f"{node} missing from /api/workers: {sorted(workers)}\n{flower.tail()}"
         )
     assert {tasks[i]["worker"] for i in ids} <= set(workers)
+
+    # When a task no live node can do fails in the caller's process, outside any worker
+    import bidding
+
+    orphan = gpu_inference.apply_async(("x",), bidding={"required_skills": ["quantum"]})
+    with pytest.raises(bidding.NoBidsError):
+        orphan.get(timeout=30)
+
+    # Then Flower shows it FAILED with the reason, not PENDING for ever
+    def orphan_failed() -> dict[str, Any] | None:
+        task = (flower.get("/api/tasks") or {}).get(orphan.id) or {}
+        return task if task.get("state") == "FAILURE" else None
+
+    task = wait_until(orphan_failed, timeout=20)
+    assert task, f"flower did not show the failure: {flower.get('/api/tasks')}\n{flower.tail()}"
+    assert "No bidders registered" in task["exception"]
+    assert task["name"] == "bidding.demo.tasks.gpu_inference"
