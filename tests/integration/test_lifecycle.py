@@ -418,10 +418,12 @@ def test_an_execution_message_for_a_task_the_store_does_not_know_is_dropped(
 
 def test_a_task_no_node_can_do_is_deferred_until_a_capable_node_joins(nodes: Cluster,
                                                                        tmp_path: Any) -> None:
-    # given no node with late_skill, and a task that defers every 0.5 s
+    # given no node with late_skill, and a task that defers every 0.5 s (for up to a minute:
+    # a worker starting on a loaded machine can take longer than the default 12 deferrals)
     result = late.apply_async((5,), bidding={
         "task_type": fresh_type(),
-        "fallbacks": {"on_capability_unavailable": "defer", "defer_seconds": 0.5}})
+        "fallbacks": {"on_capability_unavailable": "defer", "defer_seconds": 0.5,
+                      "max_deferrals": 120}})
     assert_reaches(nodes, result.id, "DEFERRED", 5)
     # when a capable node joins
     nodes.federation.start([write_profile(tmp_path, "latecomer", ["late_skill"])])
