@@ -19,7 +19,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check bidding tests bench
+	$(VENV)/bin/ruff check bidding tests bench examples
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 

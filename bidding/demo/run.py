@@ -97,15 +97,28 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
         stop.wait(0.1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the demo; returns 0 when every submitted task reached a final state."""
-    parser = argparse.ArgumentParser(prog="bidding demo", description=__doc__)
-    parser.add_argument("--tasks", type=int, default=40, help="tasks in the stream (default 40)")
-    parser.add_argument("--seed", type=int, default=7)
-    parser.add_argument("--concurrency", type=int, default=2, help="processes per node")
-    parser.add_argument("--interval", type=float, default=0.05, help="seconds between submits")
-    args = parser.parse_args(argv)
+#: The demo's options: (default, help), shared by ``python -m bidding.demo`` and ``bidding demo``.
+OPTIONS: dict[str, tuple[int | float, str]] = {
+    "tasks": (40, "tasks in the stream"),
+    "seed": (7, "seed of the stream's order and arguments"),
+    "concurrency": (2, "worker processes per node"),
+    "interval": (0.05, "seconds between submits"),
+}
 
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bidding.demo [--tasks N] ...``: parse the options and ``run`` the demo."""
+    parser = argparse.ArgumentParser(prog="python -m bidding.demo", description=__doc__)
+    for name, (default, text) in OPTIONS.items():
+        parser.add_argument(f"--{name}", type=type(default), default=default,
+                            help=f"{text} (default {default})")
+    args = parser.parse_args(argv)
+    return run(tasks=args.tasks, seed=args.seed, concurrency=args.concurrency,
+               interval=args.interval)
+
+
+def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
+    """Run the demo; returns 0 when every submitted task reached a final state."""
     from bidding.nodes.embedded import EmbeddedRedis
     from bidding.nodes.federation import Federation
 
@@ -125,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             Path(f"{DEMO_DIR}/bidding.db{suffix}").unlink(missing_ok=True)
     database_url = os.environ["BIDDING_DATABASE_URL"]
     from bidding.config import get_settings
-    from bidding.demo import tasks
+    from bidding.demo import tasks as demo_tasks
     from bidding.demo.app import app
     from bidding.observe.stats import collect
     from bidding.store import masked_url, upgrade
@@ -135,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = get_settings(app)
     upgrade(settings.database_url)
     federation = Federation(app="bidding.demo.app", env=dict(os.environ),
-                            log_dir=DEMO_DIR / "logs", concurrency=args.concurrency,
+                            log_dir=DEMO_DIR / "logs", concurrency=concurrency,
                             loglevel="WARNING")
     stop = threading.Event()
     names: dict[str, str] = {}
@@ -148,8 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
         printer.start()
         results: list[tuple[str, Any]] = []
-        for name, call_args, options in _stream(random.Random(args.seed), args.tasks):
-            task = getattr(tasks, name)
+        for name, call_args, options in _stream(random.Random(seed), tasks):
+            task = getattr(demo_tasks, name)
             if "min_confidence" in options:
                 # Its point is bluefin's record after the failed DROP TABLE: let that finish.
                 for _, earlier in results:
@@ -157,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
             r = task.apply_async(call_args, bidding=options)
             names[r.id] = name
             results.append((name, r))
-            time.sleep(args.interval)
+            time.sleep(interval)
         unfinished = 0
         for _, r in results:
             try:

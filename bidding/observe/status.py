@@ -11,7 +11,7 @@ from sqlalchemy import select
 from bidding.errors import UnknownTaskError
 from bidding.models import Announcement
 from bidding.observe.attempts import AttemptView, attempt_history
-from bidding.store import ensure_schema, read_session
+from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import LedgerEntry, Message
 
@@ -75,7 +75,9 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
     with read_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None:
-            raise UnknownTaskError(f"task {task_id}: no such announcement in the store")
+            raise UnknownTaskError(
+                f"task {task_id}: no such announcement in the store {store_label(database_url)}"
+            )
         ledger = session.scalars(select(LedgerEntry).where(LedgerEntry.task_id == task_id)
                                  .order_by(LedgerEntry.id)).all()
         log = session.scalars(select(Message).where(Message.task_id == task_id)

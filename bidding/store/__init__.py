@@ -5,6 +5,7 @@ from bidding.store.engine import (
     get_engine,
     masked_url,
     read_session,
+    store_label,
     write_session,
 )
 from bidding.store.migrate import ensure_schema, upgrade
@@ -15,6 +16,7 @@ __all__ = [
     "get_engine",
     "masked_url",
     "read_session",
+    "store_label",
     "upgrade",
     "write_session",
 ]

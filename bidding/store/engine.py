@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
@@ -63,6 +64,30 @@ def masked_url(url: str) -> str:
     except ArgumentError:
         # Not a URL SQLAlchemy can parse, so we cannot tell where a password would be.
         return "(unparsable database URL)"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite store as given (maybe relative), or None (in memory, not SQLite)."""
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        return None
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
+def store_label(url: str) -> str:
+    """The store's URL fit to print (password masked), for messages that must say which store.
+
+    A relative SQLite path is also shown resolved: it depends on the folder the command runs
+    from, and a command run from the wrong folder reads (and creates) another, empty store.
+    """
+    shown = masked_url(url)
+    path = sqlite_path(url)
+    if path is not None and not path.is_absolute():
+        shown += f" (= {path.resolve()})"
+    return shown
 
 
 @functools.lru_cache(maxsize=64)

@@ -19,7 +19,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
 from sqlalchemy.engine import make_url
 
-from bidding.store.engine import get_engine, is_sqlite, normalize_url
+from bidding.errors import ConfigurationError
+from bidding.store.engine import get_engine, is_sqlite, normalize_url, sqlite_path, store_label
 from bidding.store.forkguard import guard
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -93,6 +94,13 @@ def ensure_schema(url: str) -> None:
     with _done_lock:
         if key in _done:
             return
+        path = sqlite_path(key)
+        if path is not None and not path.parent.is_dir():
+            # SQLite would fail with "unable to open database file", which names neither the
+            # store nor the path; creating the folder (as `upgrade` does) would hide a wrong URL.
+            raise ConfigurationError(
+                f"store {store_label(url)}: folder {path.parent.resolve()} does not exist"
+            )
         with guard.inside(), get_engine(key).connect() as conn:
             current = current_revision(conn)
         if current != head_revision():

@@ -46,11 +46,16 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def run_cli(*args: str, env: Mapping[str, str] | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run ``bidding ARGS`` from the repository root and capture what it prints."""
+            timeout: float = 60, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
+    """Run ``bidding ARGS`` (from the repository root unless ``cwd``) and capture its output."""
+    if cwd != REPO_ROOT:
+        # `python -m` imports from the current folder first: keep this checkout's code.
+        env = dict(env if env is not None else clean_env())
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     return subprocess.run(
         [sys.executable, "-m", "bidding.cli", *args],
-        cwd=REPO_ROOT, env=dict(env) if env is not None else clean_env(),
+        cwd=cwd, env=dict(env) if env is not None else clean_env(),
         capture_output=True, text=True, timeout=timeout, check=False,
     )
 
@@ -241,19 +246,71 @@ def test_db_upgrade_does_not_print_the_database_password(
 # --- bidding explain -------------------------------------------------------------------------
 
 
-def test_explain_unknown_task_says_no_such_announcement(store_url: str) -> None:
+@pytest.mark.parametrize("command", ["explain", "status"])
+def test_unknown_task_says_no_such_announcement_in_the_named_store(
+    store_url: str, command: str
+) -> None:
     # Given a migrated but empty store
     assert run_cli("db", "upgrade", "--database-url", store_url).returncode == 0
 
-    # When the user asks to explain a task id that was never announced
-    result = run_cli("explain", "no-such-id", "--database-url", store_url)
+    # When the user asks about a task id that was never announced
+    result = run_cli(command, "no-such-id", "--database-url", store_url)
 
-    # Then it exits 1 with an error naming the id
+    # Then it exits 1 with one error line naming the id and the store it looked in
     assert result.returncode == 1, shown(result)
-    assert "Error: task no-such-id: no such announcement in the store" in result.stderr, (
-        shown(result)
-    )
-    assert "Traceback" not in result.stderr, shown(result)
+    assert result.stderr == (
+        f"Error: task no-such-id: no such announcement in the store {store_url}\n"), shown(result)
+
+
+def test_commands_run_from_another_folder_name_the_store_they_read(tmp_path: Path) -> None:
+    # Given a folder without a store, and no store configured (the default: ./bidding.db)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    # When the user lists nodes and explains a task from there
+    nodes = run_cli("nodes", cwd=elsewhere)
+    explained = run_cli("explain", "some-id", cwd=elsewhere)
+
+    # Then both say which store they read, with the file the relative URL means here
+    here = f"sqlite:///bidding.db (= {elsewhere.resolve() / 'bidding.db'})"
+    assert nodes.returncode == 0, shown(nodes)
+    assert nodes.stdout == f"no live nodes in the store {here}\n", shown(nodes)
+    assert explained.returncode == 1, shown(explained)
+    assert explained.stderr == (
+        f"Error: task some-id: no such announcement in the store {here}\n"), shown(explained)
+
+
+@pytest.mark.parametrize("args", [["nodes"], ["explain", "some-id"], ["status", "some-id"],
+                                  ["stats"]], ids=lambda a: a[0])
+def test_sqlite_store_in_a_missing_folder_is_one_line_naming_the_path(
+    tmp_path: Path, args: list[str]
+) -> None:
+    # Given a SQLite store URL whose folder does not exist
+    folder = tmp_path / "no" / "such" / "dir"
+    url = f"sqlite:///{folder / 'x.db'}"
+
+    # When the user runs a command that reads the store
+    result = run_cli(*args, env=clean_env(BIDDING_DATABASE_URL=url))
+
+    # Then it exits 1 with one line naming the store and the missing folder, creating nothing
+    assert result.returncode == 1, shown(result)
+    assert result.stderr == f"Error: store {url}: folder {folder} does not exist\n", shown(result)
+    assert not (tmp_path / "no").exists()
+
+
+def test_unreachable_store_is_one_line_naming_it_without_its_password() -> None:
+    # Given a PostgreSQL store URL with a password, on a port nothing listens on
+    url = "postgresql://bob:s3cret@127.0.0.1:1/bidding"
+
+    # When the user asks for a task's status
+    result = run_cli("status", "some-id", "--database-url", url)
+
+    # Then it exits 1 with one line naming the store, its password masked
+    assert result.returncode == 1, shown(result)
+    assert result.stderr.startswith(
+        "Error: cannot open the store postgresql://bob:***@127.0.0.1:1/bidding: "), shown(result)
+    assert len(result.stderr.splitlines()) == 1, shown(result)
+    assert "s3cret" not in result.stdout + result.stderr, shown(result)
 
 
 # --- bidding nodes ---------------------------------------------------------------------------
@@ -269,9 +326,9 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     # When the user lists the nodes
     empty = run_cli("nodes", "--database-url", store_url)
 
-    # Then there are none
+    # Then there are none, in the store it names
     assert empty.returncode == 0, shown(empty)
-    assert empty.stdout.strip() == "no live nodes", shown(empty)
+    assert empty.stdout.strip() == f"no live nodes in the store {store_url}", shown(empty)
 
     # Given node tpm has just sent a heartbeat
     settings = load_settings({"bidding_database_url": store_url}, environ={})
@@ -284,15 +341,30 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     # When the user lists the nodes
     listed = run_cli("nodes", "--database-url", store_url)
 
-    # Then tpm is shown with its capacity, trust and capabilities
+    # Then tpm is shown under a header with its capacity, trust and capabilities; with no
+    # record yet, its learned trust is its declared trust
     assert listed.returncode == 0, shown(listed)
-    assert "no live nodes" not in listed.stdout, shown(listed)
-    lines = listed.stdout.strip().splitlines()
-    assert len(lines) == 1, shown(listed)
-    assert lines[0].startswith("tpm "), shown(listed)
-    assert "capacity 2" in lines[0], shown(listed)
-    assert "trust  85.0" in lines[0], shown(listed)
-    assert lines[0].endswith("planning, orchestration, documentation, security"), shown(listed)
+    header, *rows = listed.stdout.strip().splitlines()
+    assert header.split() == ["node", "capacity", "trust", "learned", "runs", "price",
+                              "latency", "beat", "capabilities"], shown(listed)
+    assert len(rows) == 1, shown(listed)
+    assert rows[0].split()[:5] == ["tpm", "2", "85.0", "85.0", "0"], shown(listed)
+    assert rows[0].endswith("planning, orchestration, documentation, security"), shown(listed)
+
+    # Given tpm has since finished 4 attempts, 1 of them a success
+    db_file = Path(store_url.removeprefix("sqlite:///"))
+    with sqlite3.connect(db_file) as conn:
+        conn.execute("UPDATE bidding_nodes SET attempts = 4, successes = 1 WHERE name = 'tpm'")
+    conn.close()
+
+    # When the user lists the nodes again
+    learned = run_cli("nodes", "--database-url", store_url)
+
+    # Then the declared trust is unchanged and the learned one, which its bids carry, has
+    # moved toward its success rate: (85 x 10 + 100 x 1) / (10 + 4) = 67.9
+    assert learned.returncode == 0, shown(learned)
+    row = learned.stdout.strip().splitlines()[1]
+    assert row.split()[:5] == ["tpm", "2", "85.0", "67.9", "4"], shown(learned)
 
     # When the user asks for JSON
     as_json = run_cli("nodes", "--database-url", store_url, "--json")
@@ -303,6 +375,8 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     assert [n["name"] for n in data] == ["tpm"]
     assert data[0]["capabilities"] == ["planning", "orchestration", "documentation", "security"]
     assert data[0]["capacity"] == 2
+    assert data[0]["trust"] == 85.0
+    assert round(data[0]["learned_trust"], 1) == 67.9
 
 
 # --- bidding stats ---------------------------------------------------------------------------
@@ -345,10 +419,25 @@ def test_help_lists_every_command() -> None:
     assert "Commands:" in result.stdout, shown(result)
     section = result.stdout.split("Commands:", 1)[1]
     listed = {line.split()[0] for line in section.splitlines() if line.startswith("  ")}
-    assert {"worker", "explain", "nodes", "stats", "db", "demo"} <= listed, shown(result)
+    assert {"worker", "explain", "status", "nodes", "stats", "db", "demo", "redis"} <= listed, (
+        shown(result))
 
 
 # --- the demo --------------------------------------------------------------------------------
+
+
+def test_demo_help_lists_its_options() -> None:
+    # Given the installed console script
+    # When the user asks for the demo's help
+    result = run_cli("demo", "--help")
+
+    # Then each option is listed with what it does and its default
+    assert result.returncode == 0, shown(result)
+    options = result.stdout.split("Options:", 1)[1]
+    for option, text in [("--tasks INTEGER", "Tasks in the stream.  [default: 40]"),
+                         ("--concurrency INTEGER", "Worker processes per node.  [default: 2]")]:
+        line = next((ln for ln in options.splitlines() if ln.strip().startswith(option)), "")
+        assert text in line, shown(result)
 
 
 def _summary_nodes(stdout: str) -> set[str]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import multiprocessing
 from pathlib import Path
 
+import pytest
 from sqlalchemy import text
 
 from bidding.store import write_session
-from bidding.store.engine import dispose_all, masked_url
+from bidding.store.engine import dispose_all, masked_url, store_label
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -52,3 +53,20 @@ def test_masked_url_hides_only_the_password() -> None:
     assert masked_url(with_password) == "postgresql+psycopg://bob:***@db.example:5432/bidding"
     assert masked_url(without) == without
     assert masked_url("not a url: s3cret") == "(unparsable database URL)"
+
+
+def test_store_label_masks_the_password_and_resolves_a_relative_sqlite_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a command running in some folder
+    monkeypatch.chdir(tmp_path)
+
+    # When stores are named in a message
+    # Then a password is masked, an absolute path kept as is, and a relative SQLite path is
+    # shown with the file it means from here
+    assert store_label("postgresql://bob:s3cret@db.example/bidding") == (
+        "postgresql://bob:***@db.example/bidding")
+    assert store_label("sqlite:////var/lib/bidding.db") == "sqlite:////var/lib/bidding.db"
+    assert store_label("sqlite:///bidding.db") == (
+        f"sqlite:///bidding.db (= {tmp_path.resolve() / 'bidding.db'})")
+    assert store_label("sqlite://") == "sqlite://"
