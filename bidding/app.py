@@ -18,12 +18,14 @@ from celery.signals import worker_process_init
 from bidding.auction.consumer import BidConsumerStep
 from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
-from bidding.config import Settings, get_settings
+from bidding.config import ENV_PREFIX, Settings, get_settings
+from bidding.errors import ConfigurationError
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import PROFILE_ENV, bid_queue, current_profile, exec_queue
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
+from bidding.strategies.resolver import resolve_strategy
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
             # Set before the pool forks, so every child runs as the same node.
             os.environ[PROFILE_ENV] = bidding_profile
         settings = get_settings(worker.app)
+        check_default_strategy(settings)
         profile = current_profile(settings)
         if profile is None:
             return
@@ -102,6 +105,22 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         logger.info("node %s: capabilities %s, capacity %s (worker %s, %s pool process(es))",
                     profile.name, ", ".join(profile.capabilities), profile.capacity,
                     me.hostname, me.slots or "?")
+
+
+def check_default_strategy(settings: Settings) -> None:
+    """Refuse a ``bidding_strategy`` that does not resolve, naming the setting as it was set.
+
+    Otherwise the worker would start and every auction it announces or closes would fail. A
+    worker runs this after importing the app's task modules, so a strategy they register
+    resolves.
+    """
+    try:
+        resolve_strategy(settings.strategy, settings.strategy_allowlist)
+    except ConfigurationError as exc:
+        where = (ENV_PREFIX + "STRATEGY" if os.environ.get(ENV_PREFIX + "STRATEGY") is not None
+                 else "bidding_strategy")
+        reason = str(exc).removeprefix("strategy: ")
+        raise ConfigurationError(f"invalid settings: {where}: {reason}") from None
 
 
 def _slots(worker: Any) -> int | None:

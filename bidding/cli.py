@@ -131,7 +131,12 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
     ]
     if concurrency:
         argv += ["--concurrency", str(concurrency)]
-    app.worker_main([*argv, *ctx.args])
+    try:
+        app.worker_main([*argv, *ctx.args])
+    except BiddingError as exc:
+        # Refused as the worker starts (its node step checks the default strategy; finalizing
+        # the app checks each bidding task's options): one line, as a bad profile.
+        raise click.ClickException(str(exc)) from None
 
 
 @main.command()

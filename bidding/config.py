@@ -7,6 +7,7 @@ Values are read from ``app.conf`` (``bidding_window = 2.0``) and overridden by t
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
@@ -21,7 +22,13 @@ if TYPE_CHECKING:
 
 ENV_PREFIX = "BIDDING_"
 CONF_PREFIX = "bidding_"
-
+#: ``BIDDING_*`` environment variables that are not settings, so never refused as unknown:
+#: those of the package's own test suites and benchmarks (``BIDDING_TEST_REDIS``,
+#: ``BIDDING_TEST_POSTGRES``, ``BIDDING_IT_BROKER``...), by prefix, and the example app's
+#: config module (``BIDDING_DEMO_CONFIG``). A worker's boot id (``_BIDDING_BOOT_ID``) does not
+#: start with ``BIDDING_`` at all.
+ENV_NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("BIDDING_TEST_", "BIDDING_IT_")
+ENV_NOT_SETTINGS: frozenset[str] = frozenset({"BIDDING_DEMO_CONFIG"})
 
 
 class Settings(BaseModel):
@@ -147,6 +154,7 @@ def load_settings(
         raise ConfigurationError(
             f"unknown setting(s) {', '.join(unknown)}; valid settings: {valid}"
         )
+    _refuse_unknown_variables(environ)
     values: dict[str, Any] = {}
     # Errors name a setting as the user wrote it: BIDDING_WINDOW when the environment set it.
     from_env: dict[str, str] = {}
@@ -165,6 +173,24 @@ def load_settings(
     except ValidationError as exc:
         reason = describe_validation(exc, CONF_PREFIX, from_env)
         raise ConfigurationError(f"invalid settings: {reason}") from None
+
+
+def _refuse_unknown_variables(environ: Mapping[str, str]) -> None:
+    """Refuse ``BIDDING_*`` variables that are no setting (a typo would otherwise be ignored
+    silently, as the default it meant to change applies), naming each with a did-you-mean."""
+    known = [ENV_PREFIX + name.upper() for name in SETTING_NAMES]
+    unknown = sorted(k for k in environ if k.startswith(ENV_PREFIX) and k not in known
+                     and k not in ENV_NOT_SETTINGS and not k.startswith(ENV_NOT_SETTINGS_PREFIXES))
+    if not unknown:
+        return
+    clauses = []
+    for name in unknown:
+        # Matched without the prefix, which every name shares and would make all look close.
+        close = difflib.get_close_matches(name[len(ENV_PREFIX):].lower(), SETTING_NAMES, n=1)
+        hint = (f"did you mean {ENV_PREFIX + close[0].upper()}?" if close
+                else f"valid settings: {', '.join(known)}")
+        clauses.append(f"{name}: unknown bidding setting; {hint}")
+    raise ConfigurationError("; ".join(clauses))
 
 
 _ATTR = "_bidding_settings"

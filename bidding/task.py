@@ -32,6 +32,7 @@ from celery.signals import task_internal_error, task_revoked, task_unknown
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.board import history_changed
+from bidding.auction.task_options import check_task_class
 from bidding.config import get_settings
 from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
@@ -71,6 +72,16 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     #: Executions are acknowledged after they finish and requeued if the worker dies.
     acks_late = True
     reject_on_worker_lost = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Refuse a misspelt option or bad defaults when the task's class is made.
+
+        ``@app.task(base=BiddingTask, ...)`` makes a subclass whose attributes are the
+        decorator's options (when the app is finalized: at worker start, or at the task's
+        first use in a caller), so a typo such as ``required_skill`` fails there, not never.
+        """
+        super().__init_subclass__(**kwargs)
+        check_task_class(cls)
 
     def apply_async(
         self,

@@ -4,6 +4,7 @@ and validated at the boundary, so bad input fails in the caller's process with t
 
 from __future__ import annotations
 
+import difflib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,11 +22,20 @@ if TYPE_CHECKING:
 
 
 def check_options(options: Mapping[str, Any], where: str) -> None:
-    """Refuse unknown ``bidding={...}`` keys, naming them and listing the valid ones."""
+    """Refuse unknown ``bidding={...}`` keys, naming them (with the option a misspelt one
+    probably meant) and listing the valid ones."""
     unknown = sorted(set(options) - set(OPTION_KEYS))
     if unknown:
+        meant = {u: close[0] for u in unknown
+                 if (close := difflib.get_close_matches(u, OPTION_KEYS, n=1, cutoff=0.75))}
+        if len(unknown) == 1 and meant:
+            hint = f"did you mean {meant[unknown[0]]}?; "
+        elif meant:
+            hint = f"did you mean {', '.join(f'{u} -> {m}' for u, m in meant.items())}?; "
+        else:
+            hint = ""
         raise ConfigurationError(
-            f"{where}: unknown option(s) {', '.join(unknown)}; "
+            f"{where}: unknown option(s) {', '.join(unknown)}; {hint}"
             f"valid options: {', '.join(OPTION_KEYS)}"
         )
 

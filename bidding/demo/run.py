@@ -60,8 +60,17 @@ def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, 
     return stream
 
 
+#: How to read the stream, printed above it.
+LEGEND = ("legend: task [#attempt] strategy bids [node:score] -> winner (score) in time to award;"
+          " FAILED: an attempt raised on its node; RETRY: the task is announced again, as its "
+          "next attempt; NO AWARD: the auction found no node")
+#: The messages the stream shows: awards, and what happens to an attempt after its award.
+SHOWN = ("AWARDED", "NO_AWARD", "REAWARDED", "TASK_FAILED", "RETRYING")
+
+
 def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) -> None:
-    """Print each auction as it closes: task, bids with scores, winner, assignment latency."""
+    """Print each auction as it closes (task, bids with scores, winner, assignment latency),
+    each attempt that fails on its node, and each retry with its reason."""
     from bidding.store import read_session
     from bidding.store.schema import Announcement, BidRow, Message
 
@@ -69,31 +78,46 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
     while not stop.is_set():
         with read_session(database_url) as session:
             rows = session.scalars(
-                select(Message).where(Message.id > last,
-                                      Message.kind.in_(("AWARDED", "NO_AWARD")))
+                select(Message).where(Message.id > last, Message.kind.in_(SHOWN))
                 .order_by(Message.id)
             ).all()
             for m in rows:
                 last = m.id
                 ann = session.get(Announcement, m.task_id)
-                bids = session.scalars(select(BidRow).where(
-                    BidRow.task_id == m.task_id, BidRow.attempt == m.attempt)).all()
                 label = names.get(m.task_id, ann.task_type if ann else "?")
-                offers = " ".join(
-                    f"{b.node}:{b.score:.2f}" if b.will_bid and b.score is not None
-                    else f"{b.node}:refused" if not b.will_bid else f"{b.node}:-"
-                    for b in sorted(bids, key=lambda b: -(b.score or 0))
-                )
-                latency = (m.detail or {}).get("latency_ms")
-                took = f" in {latency:.1f} ms" if latency is not None else ""
+                detail = m.detail or {}
+                if m.kind == "RETRYING":
+                    # Logged under the attempt to come; the reason is the failed attempt's.
+                    failed = f" #{m.attempt - 1}" if m.attempt > 2 else ""
+                    print(f"  {label + failed:<15} RETRY as #{detail.get('next_attempt')} in "
+                          f"{detail.get('delay_s', 0):g} s: {detail.get('why')}"
+                          f"{f' after its failure on {m.node}' if m.node else ''}", flush=True)
+                    continue
                 if m.attempt > 1:
                     label = f"{label} #{m.attempt}"
                 if m.kind == "AWARDED":
+                    bids = session.scalars(select(BidRow).where(
+                        BidRow.task_id == m.task_id, BidRow.attempt == m.attempt)).all()
+                    offers = " ".join(
+                        f"{b.node}:{b.score:.2f}" if b.will_bid and b.score is not None
+                        else f"{b.node}:refused" if not b.will_bid else f"{b.node}:-"
+                        for b in sorted(bids, key=lambda b: -(b.score or 0))
+                    )
+                    latency = detail.get("latency_ms")
+                    took = f" in {latency:.1f} ms" if latency is not None else ""
                     print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
-                          f"-> {m.node} ({(m.detail or {}).get('score') or 0:.2f}){took}",
+                          f"-> {m.node} ({detail.get('score') or 0:.2f}){took}", flush=True)
+                elif m.kind == "REAWARDED":
+                    print(f"  {label:<15} MOVED from {detail.get('from')} to {m.node}: "
+                          f"{detail.get('reason')}", flush=True)
+                elif m.kind == "TASK_FAILED":
+                    where = f" on {m.node}" if m.node else ""
+                    then = ("will retry" if detail.get("will_retry")
+                            else f"final: {detail.get('why') or 'the task has no retry policy'}")
+                    print(f"  {label:<15} FAILED{where}: {detail.get('error')} ({then})",
                           flush=True)
                 else:
-                    print(f"  {label:<15} NO AWARD: {(m.detail or {}).get('error')}", flush=True)
+                    print(f"  {label:<15} NO AWARD: {detail.get('error')}", flush=True)
         stop.wait(0.1)
 
 
@@ -123,6 +147,8 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
     from bidding.nodes.federation import Federation
 
     embedded: EmbeddedRedis | None = None
+    # Each run's node logs, like its Redis and store, start fresh: the workers append to them.
+    shutil.rmtree(DEMO_DIR / "logs", ignore_errors=True)
     if not os.environ.get("CELERY_BROKER_URL"):
         DEMO_DIR.mkdir(exist_ok=True)
         shutil.rmtree(DEMO_DIR / "redis", ignore_errors=True)
@@ -158,6 +184,7 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
         federation.start(f"workers/{p}.toml" for p in PROFILES)
         federation.wait_live(settings, timeout=120)
         print("all nodes live; submitting tasks\n")
+        print(LEGEND)
         started = time.time()
         printer.start()
         results: list[tuple[str, Any]] = []

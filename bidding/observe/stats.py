@@ -4,24 +4,32 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from pydantic import BaseModel
-from sqlalchemy import Integer as _Int
 from sqlalchemy import func, select
 
-from bidding.lifecycle import states
+from bidding.lifecycle import journal, states
 from bidding.store import read_session
 from bidding.store.schema import Announcement, BidRow, Message
 
 
 class NodeStats(BaseModel):
-    """One node's share of the work."""
+    """One node's share of the work: ``wins = succeeded + failed + retried + unfinished``."""
 
     node: str
+    #: Bids it made (refusals not counted).
     bids: int
+    #: Attempts awarded to it (a task retried or moved to it wins again).
     wins: int
+    #: Tasks that ended there: in SUCCESS, in FAILED.
     succeeded: int
     failed: int
+    #: Attempts it won that did not end the task there: the attempt failed (or was lost with its
+    #: worker) and the task was announced again, or the task was moved to another bidder.
+    retried: int = 0
+    #: Tasks it won that have not ended yet.
+    unfinished: int = 0
     avg_score: float | None
 
 
@@ -31,6 +39,9 @@ class Stats(BaseModel):
     announced: int
     succeeded: int
     failed: int
+    #: Failed tasks whose last auction found no node (no bidders, no valid bid): they are in
+    #: no node's "failed" count.
+    failed_without_node: int = 0
     unfinished: int
     success_rate: float | None
     assignment_p50_ms: float | None
@@ -44,17 +55,24 @@ class Stats(BaseModel):
             return "-" if v is None else f"{v:.1f} ms"
 
         rate = "-" if self.success_rate is None else f"{self.success_rate:.1%}"
+        no_node = (f" ({self.failed_without_node} found no node)" if self.failed_without_node
+                   else "")
         lines = [
             f"tasks: {self.announced} announced, {self.succeeded} succeeded, "
-            f"{self.failed} failed, {self.unfinished} unfinished; success rate {rate}",
+            f"{self.failed} failed{no_node}, {self.unfinished} unfinished; success rate {rate}",
             f"assignment latency: p50 {ms(self.assignment_p50_ms)}, "
             f"p99 {ms(self.assignment_p99_ms)}",
-            f"{'node':<12} {'bids':>5} {'wins':>5} {'ok':>5} {'failed':>6} {'avg score':>9}",
         ]
+        if not self.nodes:
+            return "\n".join(lines)
+        lines.append("per node: wins (attempts awarded) = ok + failed (the task ended there) + "
+                     "retried (the attempt failed or was lost, and the task went on) + unfinished")
+        lines.append(f"{'node':<12} {'bids':>5} {'wins':>5} {'ok':>5} {'failed':>6} "
+                     f"{'retried':>7} {'unfinished':>10} {'avg score':>9}")
         for n in self.nodes:
             avg = "-" if n.avg_score is None else f"{n.avg_score:.3f}"
             lines.append(f"{n.node:<12} {n.bids:>5} {n.wins:>5} {n.succeeded:>5} {n.failed:>6} "
-                         f"{avg:>9}")
+                         f"{n.retried:>7} {n.unfinished:>10} {avg:>9}")
         return "\n".join(lines)
 
 
@@ -75,39 +93,36 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
                    Announcement.awarded_at)
             .where(Announcement.announced_at >= since)
         ).all()
-        awarded_details = session.scalars(
-            select(Message.detail)
+        # Every award of an attempt to a node: by its auction, or moved to another bidder.
+        awards = session.execute(
+            select(Message.task_id, Message.attempt, Message.node, Message.kind,
+                   Message.detail, Announcement.state, Announcement.attempt,
+                   Announcement.assigned_node)
             .join(Announcement, Announcement.task_id == Message.task_id)
-            .where(Announcement.announced_at >= since, Message.kind == "AWARDED")
+            .where(Announcement.announced_at >= since,
+                   Message.kind.in_((journal.AWARDED, journal.REAWARDED)))
         ).all()
         bid_rows = session.execute(
-            select(BidRow.node, func.count(), func.avg(BidRow.score),
-                   func.sum(func.cast(BidRow.is_winner, _Int)))
+            select(BidRow.node, func.count(), func.avg(BidRow.score))
             .join(Announcement, Announcement.task_id == BidRow.task_id)
             .where(Announcement.announced_at >= since, BidRow.will_bid.is_(True))
             .group_by(BidRow.node)
         ).all()
     # Per auction (a retried task has several): the AWARDED message's latency_ms.
-    latencies = [float(d["latency_ms"]) for d in awarded_details
-                 if d and d.get("latency_ms") is not None]
-    per_node: dict[str, dict[str, int]] = {}
-    for state, node, _, _ in rows:
-        if node is None:
-            continue
-        counts = per_node.setdefault(node, {"succeeded": 0, "failed": 0})
-        if state == states.SUCCESS:
-            counts["succeeded"] += 1
-        elif state == states.FAILED:
-            counts["failed"] += 1
+    latencies = [float(a.detail["latency_ms"]) for a in awards
+                 if a.kind == journal.AWARDED and a.detail
+                 and a.detail.get("latency_ms") is not None]
+    per_node = _award_outcomes(awards)
     succeeded = sum(1 for r in rows if r[0] == states.SUCCESS)
     failed = sum(1 for r in rows if r[0] == states.FAILED)
-    total_bids = sum(int(n) for _, n, _, _ in bid_rows)
+    total_bids = sum(int(n) for _, n, _ in bid_rows)
     nodes = sorted({*per_node, *(str(b[0]) for b in bid_rows)})
     by_node = {str(b[0]): b for b in bid_rows}
     return Stats(
         announced=len(rows),
         succeeded=succeeded,
         failed=failed,
+        failed_without_node=sum(1 for r in rows if r[0] == states.FAILED and r[1] is None),
         unfinished=len(rows) - succeeded - failed,
         success_rate=succeeded / (succeeded + failed) if succeeded + failed else None,
         assignment_p50_ms=percentile(latencies, 50),
@@ -117,12 +132,36 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
             NodeStats(
                 node=n,
                 bids=int(by_node[n][1]) if n in by_node else 0,
-                wins=int(by_node[n][3] or 0) if n in by_node else 0,
+                wins=sum(per_node.get(n, {}).values()),
                 succeeded=per_node.get(n, {}).get("succeeded", 0),
                 failed=per_node.get(n, {}).get("failed", 0),
+                retried=per_node.get(n, {}).get("retried", 0),
+                unfinished=per_node.get(n, {}).get("unfinished", 0),
                 avg_score=float(by_node[n][2]) if n in by_node and by_node[n][2] is not None
                 else None,
             )
             for n in nodes
         ],
     )
+
+
+def _award_outcomes(awards: Sequence[Any]) -> dict[str, dict[str, int]]:
+    """What became of each node's awards, by node: the award that holds its task now (same
+    attempt, same node) counts by the task's state; an earlier one was retried or moved on."""
+    per_node: dict[str, dict[str, int]] = {}
+    seen: set[tuple[str, int, str]] = set()
+    for task_id, attempt, node, _, _, state, current_attempt, current_node in awards:
+        if node is None or (task_id, attempt, node) in seen:
+            continue
+        seen.add((task_id, attempt, node))
+        if attempt != current_attempt or node != current_node:
+            outcome = "retried"
+        elif state == states.SUCCESS:
+            outcome = "succeeded"
+        elif state == states.FAILED:
+            outcome = "failed"
+        else:
+            outcome = "unfinished"
+        counts = per_node.setdefault(node, {})
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return per_node

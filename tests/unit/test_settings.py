@@ -72,3 +72,43 @@ def test_celery_conf_is_accepted_by_the_json_only_check() -> None:
     assert (app.conf.broker_url, app.conf.result_backend) == ("memory://", "cache+memory://")
     # and the backend defaults to the broker
     assert celery_conf("redis://h/0")["result_backend"] == "redis://h/0"
+
+
+def test_worker_with_an_unknown_default_strategy_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given an app whose workers are told to use a strategy that does not exist
+    from types import SimpleNamespace
+
+    import bidding
+    from bidding.app import NodeStep
+    monkeypatch.setenv("BIDDING_STRATEGY", "cheapest")
+    app = make_app()
+    bidding.install(app)
+    # when a worker starts (its node step loads the settings)
+    with pytest.raises(ConfigurationError) as info:
+        NodeStep(SimpleNamespace(app=app))
+    # then it is refused in one line naming the variable, the strategy and the valid names
+    message = str(info.value)
+    assert message.startswith("invalid settings: BIDDING_STRATEGY: unknown strategy 'cheapest'")
+    assert "weighted" in message
+    assert "\n" not in message
+    # and once the operator names a strategy that exists, the worker starts
+    monkeypatch.setenv("BIDDING_STRATEGY", "composite")
+    fixed = make_app()
+    bidding.install(fixed)
+    NodeStep(SimpleNamespace(app=fixed))
+
+
+def test_unknown_default_strategy_in_conf_is_named_by_its_conf_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given the same mistake in app.conf instead of the environment
+    from bidding.app import check_default_strategy
+
+    monkeypatch.delenv("BIDDING_STRATEGY", raising=False)
+    app = make_app(bidding_strategy="cheapest")
+    # when a worker checks it, then the message names bidding_strategy
+    with pytest.raises(ConfigurationError) as info:
+        check_default_strategy(get_settings(app))
+    assert str(info.value).startswith("invalid settings: bidding_strategy: unknown strategy ")
