@@ -38,7 +38,7 @@ from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
-from bidding.execution.report import fail_caller, report_if_final
+from bidding.execution.report import fail_caller, report_if_final, restore_view
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -138,6 +138,10 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             redelivered=bool((request.delivery_info or {}).get("redelivered")),
             worker=request.hostname, boot_id=incarnation.boot_id()))
         if run.start is execution.Start.DUPLICATE:
+            # This worker has announced the copy (task-received/started): point Flower back at
+            # the worker that has or had the task.
+            if request.hostname:
+                restore_view(self.app, settings, request.id)
             raise Ignore()
         if run.start is execution.Start.UNKNOWN:
             # Awards are committed before their message is sent, so this message is not ours: a

@@ -102,6 +102,43 @@ def failed_event(app: Celery, rfp: Announcement, exc: BaseException) -> None:
         logger.debug("task-failed event of %s not sent", rfp.task_id, exc_info=True)
 
 
+_VIEW = select(AnnouncementRow.state, AnnouncementRow.worker, AnnouncementRow.result,
+               AnnouncementRow.started_at, AnnouncementRow.finished_at).where(
+    AnnouncementRow.task_id == bindparam("task_id"))
+
+
+def restore_view(app: Celery, settings: Settings, task_id: str) -> None:
+    """After a node dropped a stale copy of a task's execution (its worker had already sent
+    ``task-received`` and ``task-started`` for it), send the task's real latest event again
+    from the worker that ran it, so that Flower, which shows a task on the worker of its last
+    event, shows it where it ran. Sent, as Celery's ``Task.send_event`` is, whatever the
+    app's event settings: the copy's own events were sent already."""
+    with read_session(settings.database_url) as session:
+        row = session.execute(_VIEW, {"task_id": task_id}).one_or_none()
+    if row is None or row.worker is None:
+        return
+    fields: dict[str, Any] = {"uuid": task_id}
+    if row.state == lifecycle.SUCCESS:
+        kind = "task-succeeded"
+        fields["result"] = repr((row.result or {}).get("value"))
+        if row.started_at and row.finished_at:
+            fields["runtime"] = row.finished_at - row.started_at
+    elif row.state == lifecycle.EXECUTING:
+        kind = "task-started"
+    elif row.state == lifecycle.FAILED and (row.result or {}).get("exception"):
+        stored = row.result["exception"]
+        kind = "task-failed"
+        message = " ".join(stored.get("exc_message") or [])
+        fields.update(exception=f"{stored.get('exc_type')}({message!r})", traceback="")
+    else:
+        return
+    try:
+        with app.events.default_dispatcher(hostname=row.worker) as events:
+            events.send(kind, **fields)
+    except Exception:  # a view only
+        logger.debug("restoring the event view of %s failed", task_id, exc_info=True)
+
+
 def report_later(settings: Settings, task_id: str, delay: float = 1.0,
                  outcome: dict[str, Any] | None = None) -> None:
     """Make a sweeper write ``task_id``'s final outcome to the result backend in ``delay``

@@ -93,21 +93,24 @@ class Explanation(BaseModel):
         if len(self.attempts) > 1 or (self.attempts and self.attempts[0].error):
             lines.append("  attempts:")
             lines += [f"    {a.line()}" for a in self.attempts]
+        # A retried or re-announced task: say which attempt the winner and bids are of.
+        label = f"attempt {self.attempt} " if self.attempt > 1 else ""
         if self.winner:
             lines.append(
-                f"  attempt {self.attempt} winner: {self.winner} ({self.outcome}, score "
+                f"  {label}winner: {self.winner} ({self.outcome}, score "
                 f"{_num(self.winning_score)}) closed by {self.closed_by} after "
                 f"{_num(self.assignment_ms, 1)} ms"
             )
         elif self.closed_by:
-            lines.append(f"  attempt {self.attempt}: no winner ({self.closed_by}): {self.error}")
+            lines.append(f"  {label}no winner ({self.closed_by}): {self.error}")
         elif self.error:
-            lines.append(f"  attempt {self.attempt}: {self.error}")
+            lines.append(f"  {label}error: {self.error}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
         earlier = len(self.bids) - len(shown)
-        lines.append(
-            f"  bids of attempt {self.attempt}"
-            + (f" ({earlier} of earlier attempts in --json)" if earlier else "") + ":")
+        if self.attempt > 1:
+            lines.append(
+                f"  bids of attempt {self.attempt}"
+                + (f" ({earlier} of earlier attempts in --json)" if earlier else "") + ":")
         lines.append(
             f"  {'node':<10} {'score':>6} {'cap':>5} {'exp':>5} {'load':>5} {'conf':>5} "
             f"{'cost':>7} {'lat':>5} {'trust':>5}  breakdown / reason"
