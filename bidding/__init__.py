@@ -12,7 +12,7 @@ bidding.explain(result.id, app=app)
 ```
 """
 
-from bidding.app import install
+from bidding.app import install, warm
 from bidding.config import Settings, celery_conf, get_settings, load_settings
 from bidding.errors import (
     BiddingError,
@@ -88,4 +88,5 @@ __all__ = [
     "register_strategy",
     "resolve_strategy",
     "status",
+    "warm",
 ]

@@ -225,3 +225,22 @@ def test_attempts_lost_with_their_worker_do_not_teach_a_node_it_cannot_do_the_wo
     # then its confidence rests on the work it did, and its record (trust) has all six
     assert history.outcomes == (True,) and estimated_success(history.outcomes) == 1.0
     assert (history.attempts, history.successes) == (6, 1)
+
+
+def test_warm_pays_the_first_calls_costs_at_start_up(fresh_url: str) -> None:
+    # given a caller's app whose store does not exist yet
+    import bidding
+    from bidding.config import reset_settings
+
+    celery = app()
+    celery.conf.bidding_database_url = fresh_url
+    reset_settings(celery)
+    # when it warms up at start-up
+    bidding.warm(celery)
+    # then the store exists with its schema, and Celery's backend is built
+    from sqlalchemy import inspect
+
+    from bidding.store import get_engine
+
+    assert "bidding_announcements" in inspect(get_engine(fresh_url)).get_table_names()
+    assert "backend" in celery._local.__dict__ or celery._backend_cache is not None
