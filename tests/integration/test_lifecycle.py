@@ -376,9 +376,12 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
 def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     nodes: Cluster,
 ) -> None:
-    # given every execution slot busy for 5 s (three nodes, two slots each)
+    # given every execution slot busy for 5 s (three nodes, two slots each: two blockers sent
+    # to each node, whatever the nodes' records from earlier tests would make them bid)
     busy = fresh_type()
-    blockers = [steps.apply_async((5, 1.0), bidding={"task_type": busy}) for _ in range(6)]
+    blockers = [steps.apply_async((5, 1.0), bidding={
+        "task_type": busy, "preferred_node": node, "strategy": "preferred_only"})
+        for node in NODES for _ in range(2)]
     assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
                     15)
     # when a task with a deadline 2 s away is announced: it is awarded, and waits in a queue
