@@ -24,9 +24,14 @@ from bidding.errors import (
     NodeLostError,
     OutputValidationError,
     ProfileError,
+    SubtaskFailedError,
     UnknownStrategyError,
     UnknownTaskError,
 )
+from bidding.graphs.progress import GraphProgress
+from bidding.graphs.spec import TaskDefinition, load_definition
+from bidding.graphs.submit import GraphHandle, submit
+from bidding.graphs.validate import GraphValidationError
 from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
 from bidding.nodes.profile import NodeProfile, load_profile
 from bidding.observe import status
@@ -61,6 +66,9 @@ __all__ = [
     "DeadlinePassedError",
     "EscalatedError",
     "Explanation",
+    "GraphHandle",
+    "GraphProgress",
+    "GraphValidationError",
     "HighestConfidence",
     "Judgment",
     "NoBidsError",
@@ -75,6 +83,8 @@ __all__ = [
     "Score",
     "SelectionStrategy",
     "Settings",
+    "SubtaskFailedError",
+    "TaskDefinition",
     "UnknownStrategyError",
     "UnknownTaskError",
     "WeightedScore",
@@ -83,10 +93,12 @@ __all__ = [
     "get_settings",
     "install",
     "llm_judge",
+    "load_definition",
     "load_profile",
     "load_settings",
     "register_strategy",
     "resolve_strategy",
     "status",
+    "submit",
     "warm",
 ]

@@ -147,11 +147,17 @@ def worker(ctx: click.Context, profile: str, app_name: str | None, loglevel: str
 def explain(task_id: str, app_name: str | None, database_url: str | None,
             as_json: bool) -> None:
     """Show every bid of TASK_ID's auction, its score breakdown, the strategy and the winner."""
+    from bidding.graphs.progress import graph_progress, is_graph
     from bidding.observe.explain import explain as do_explain
 
     app = _load_app(app_name) if app_name else None
     settings = _settings(app_name, database_url, app)
     with _reading(settings.database_url):
+        if is_graph(settings.database_url, task_id):
+            # A task graph: its subtasks, each with the task id whose auction explain shows.
+            progress = graph_progress(settings.database_url, task_id)
+            click.echo(progress.model_dump_json(indent=2) if as_json else progress.render())
+            return
         # With the app, an open auction's answers on the Redis board are shown too.
         result = do_explain(task_id, app=app, database_url=settings.database_url)
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())
@@ -164,12 +170,63 @@ def explain(task_id: str, app_name: str | None, database_url: str | None,
 @click.option("--json", "as_json", is_flag=True, help="Print the status as JSON.")
 def status(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
     """Where TASK_ID stands: state, attempt, node, progress, cost against budget."""
+    from bidding.graphs.progress import graph_progress, is_graph
     from bidding.observe.status import task_status
 
     settings = _settings(app_name, database_url)
     with _reading(settings.database_url):
+        if is_graph(settings.database_url, task_id):
+            progress = graph_progress(settings.database_url, task_id)
+            click.echo(progress.model_dump_json(indent=2) if as_json else progress.render())
+            return
         result = task_status(settings.database_url, task_id)
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())
+
+
+@main.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False))
+@app_option
+@click.option("--input", "input_json", default=None,
+              help="The task's input values as a JSON object (added to input_values).")
+@click.option("--wait", is_flag=True, help="Wait for the result, showing progress.")
+@click.option("--timeout", type=float, default=None, help="Seconds --wait waits at most.")
+def submit(file: str, app_name: str | None, input_json: str | None, wait: bool,
+           timeout: float | None) -> None:
+    """Submit the AITP task definition in FILE (YAML or JSON): validated, then its subtasks are
+    auctioned as their dependencies complete. Prints the task id (for `bidding status`)."""
+    from bidding.graphs.submit import submit as do_submit
+
+    if not app_name:
+        raise click.UsageError("pass the Celery app with -A/--app (or set CELERY_APP)")
+    app = _load_app(app_name)
+    try:
+        values = json.loads(input_json) if input_json else None
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON: {exc}", param_hint="--input") from None
+    try:
+        handle = do_submit(file, app=app, input=values)
+    except BiddingError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(handle.id)
+    if not wait:
+        return
+    deadline = None if timeout is None else time.monotonic() + timeout
+    shown = ""
+    while True:
+        progress = handle.progress()
+        line = " ".join(f"{s.step_id}:{s.status}" for s in progress.steps)
+        if line != shown:
+            click.echo(f"  {progress.percent_complete:3d}%  {line}", err=True)
+            shown = line
+        if progress.status in ("COMPLETED", "FAILED"):
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            raise click.ClickException(f"task {handle.id}: still {progress.status} after "
+                                       f"{timeout}s")
+        time.sleep(0.2)
+    if progress.status == "FAILED":
+        raise click.ClickException(f"task {handle.id} failed: {progress.error}")
+    click.echo(json.dumps(progress.result, indent=2))
 
 
 @main.command()

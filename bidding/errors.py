@@ -53,3 +53,12 @@ class NodeLostError(BiddingError):
 
 class UnknownTaskError(BiddingError, LookupError):
     """No announcement with this task id is in the store."""
+
+
+class SubtaskFailedError(BiddingError):
+    """A task graph failed: ``subtask`` (its id) failed after its retries, for ``reason``."""
+
+    def __init__(self, message: str, subtask: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.subtask = subtask
+        self.reason = reason

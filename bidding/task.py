@@ -39,6 +39,7 @@ from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.execution.report import fail_caller, report_if_final, restore_view
+from bidding.graphs.advance import task_ended
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -68,6 +69,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     bidding: ClassVar[Mapping[str, Any]] = {}
     #: Retry policy of an attempt (AITP 6.1); None: a failed attempt fails the task.
     retry_policy: ClassVar[RetryPolicy | None] = None
+    #: The AITP capability this task implements (``bidding.submit`` runs a subtask with this
+    #: ``agent_capability`` as this task); ``required_skills`` default to ``[capability]``.
+    capability: ClassVar[str | None] = None
 
     #: Executions are acknowledged after they finish and requeued if the worker dies.
     acks_late = True
@@ -170,6 +174,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             if verdict.retry_in is not None:
                 # Celery records RETRY (not FAILURE): .get() keeps waiting for the next attempt.
                 raise Retry(exc=exc, when=verdict.retry_in) from exc
+            self._ended(settings, request.id)
             if verdict.error is not None:
                 raise verdict.error from exc
             raise
@@ -177,9 +182,21 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                              lambda: execution.complete(settings, run, result))
         # Before Celery stores the result: the caller may announce again as soon as it has it.
         history_changed(settings, self.app, run.node)
+        self._ended(settings, request.id)
         if verdict.error is not None:
             raise verdict.error
         return result
+
+    def _ended(self, settings: Any, task_id: str) -> None:
+        """The attempt reached a final state: a task graph's subtask moves its graph on now
+        (announcing what it made ready); a sweeper does it later if this fails."""
+        if not self.capability:
+            return
+        try:
+            task_ended(settings, self.app, task_id)
+        except Exception:
+            logger.exception("task %s: advancing its task graph failed; a sweeper will",
+                             task_id)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:

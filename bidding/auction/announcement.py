@@ -89,9 +89,13 @@ def build_announcement(
     args = list(args or ())
     kwargs = dict(kwargs or {})
     payload = arguments_json(task.name, args, kwargs)
+    capability = getattr(task, "capability", None)
     merged: dict[str, Any] = {
-        "task_type": getattr(task, "task_type", None) or task.name.rsplit(".", 1)[-1],
-        "required_skills": _skill_list(getattr(task, "required_skills", None) or ()),
+        "task_type": (getattr(task, "task_type", None) or capability
+                      or task.name.rsplit(".", 1)[-1]),
+        # A task implementing an AITP capability needs nodes with that skill by default.
+        "required_skills": _skill_list(getattr(task, "required_skills", None)
+                                       or ([capability] if capability else ())),
         "strategy": settings.strategy,
         "no_bid": settings.no_bid,
         "window": settings.window,

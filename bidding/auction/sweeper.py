@@ -6,7 +6,10 @@
 3. watches winners (``watchdog.check_winners``): lost or late winners are replaced, undelivered
    executions sent again;
 4. reports outcomes (``report.report_results``): a final result or error the result backend
-   may lack (its write failed while the broker restarted) is written from the store.
+   may lack (its write failed while the broker restarted) is written from the store;
+5. advances task graphs nobody moved for a while (``graphs.advance.advance_idle``): a subtask
+   that failed outside any worker (no bids, a watchdog), or whose node died between its end
+   and announcing what it made ready.
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -27,6 +30,7 @@ from bidding.auction.close import close_expired
 from bidding.auction.watchdog import check_winners
 from bidding.config import Settings
 from bidding.execution.report import report_results
+from bidding.graphs.advance import advance_idle
 from bidding.nodes.periodic import Periodic
 
 logger = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ def sweep(settings: Settings, app: Celery) -> int:
     """
     # Each phase on its own: a failing one (the bid board's Redis unreachable, say) must not
     # stop the others, or retries, deferrals and watchdogs would stop with it.
-    for phase in (close_expired, announce_due, report_results):
+    for phase in (close_expired, announce_due, report_results, advance_idle):
         try:
             phase(settings, app)
         except Exception:
@@ -58,7 +62,7 @@ def sweep_interval(settings: Settings, alive: int) -> float:
 
 
 #: The phases of a sweep, by the name each is looked up under when it runs.
-PHASES = ("close_expired", "announce_due", "report_results", "check_winners")
+PHASES = ("close_expired", "announce_due", "report_results", "advance_idle", "check_winners")
 
 
 class Sweeper:

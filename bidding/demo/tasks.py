@@ -19,7 +19,7 @@ def _work(seconds: float) -> None:
 
 
 @app.task(base=bidding.BiddingTask, bind=True, task_type="extraction",
-          required_skills=["pdf_text_extraction"],
+          capability="pdf_text_extraction",
           retry_policy=bidding.RetryPolicy(max_retries=2, backoff="exponential", base_ms=300))
 def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
     """AITP subtask 1: 'Extract Text from PDF' (the text is derived from the URL here).
@@ -31,23 +31,24 @@ def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str
     if "flaky" in paper_pdf_url and int(getattr(self.request, "bidding_attempt", 1)) == 1:
         raise ConnectionError(f"download of {paper_pdf_url} timed out")
     words = re.findall(r"[a-z]+", paper_pdf_url.lower())
-    return {"raw_text": " ".join(words * 3), "pages": min(max_pages, 3 + len(words))}
+    return {"extracted_text": " ".join(words * 3), "pages": min(max_pages, 3 + len(words))}
 
 
-@app.task(base=bidding.BiddingTask, task_type="nlp_analysis", required_skills=["nlp_analysis"])
+@app.task(base=bidding.BiddingTask, capability="nlp_analysis")
 def analyze_text(text: str) -> dict[str, Any]:
     """AITP subtask 2: 'Analyze Text with NLP': top terms of the text."""
     _work(0.08)
     counts = Counter(w for w in text.split() if len(w) > 3)
-    return {"nlp_results": [w for w, _ in counts.most_common(5)], "tokens": len(text.split())}
+    return {"analysis": [w for w, _ in counts.most_common(5)], "tokens": len(text.split())}
 
 
-@app.task(base=bidding.BiddingTask, task_type="orchestration", required_skills=["orchestration"])
+@app.task(base=bidding.BiddingTask, capability="orchestration")
 def aggregate(raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
     """AITP subtask 3: 'Aggregate Results'."""
     _work(0.03)
     return {"hypothesis": f"{' and '.join(nlp_results[:2]) or 'nothing'} matter",
-            "length": len(raw_text)}
+            "methodology": f"term frequency over {len(raw_text.split())} words",
+            "results": nlp_results, "limitations": "the text is derived from the URL"}
 
 
 @app.task(base=bidding.BiddingTask, task_type="gpu_inference", required_skills=["gpu_inference"])

@@ -214,3 +214,55 @@ class LedgerEntry(Base):
     __table_args__ = (
         Index("uq_bidding_ledger_attempt", "task_id", "attempt", "node", unique=True),
     )
+
+
+class Graph(Base):
+    """An AITP task decomposed into subtasks (``bidding.graphs``): its definition and outcome."""
+
+    __tablename__ = "bidding_graphs"
+
+    graph_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255))
+    #: The validated task definition (``bidding.graphs.spec.TaskDefinition``), JSON.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: The input values it runs with (the input schema's defaults filled in).
+    input: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    #: PENDING (waiting for the tasks it depends on), EXECUTING, COMPLETED or FAILED.
+    state: Mapped[str] = mapped_column(String(16), default="EXECUTING")
+    cost_limit: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    #: Last time a step of it moved (a sweeper looks at graphs left alone for a while).
+    touched_at: Mapped[float] = mapped_column(Float)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The task's result (JSON object) once COMPLETED.
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: The subtask whose failure failed the task.
+    failed_step: Mapped[str | None] = mapped_column(String(64), nullable=True)
+
+    __table_args__ = (Index("ix_bidding_graphs_state_touched", "state", "touched_at"),)
+
+
+class GraphStep(Base):
+    """One subtask of a graph; ``task_id`` is its bidding task (an announcement once started)."""
+
+    __tablename__ = "bidding_graph_steps"
+
+    graph_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("bidding_graphs.graph_id", ondelete="CASCADE"), primary_key=True)
+    step_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    position: Mapped[int] = mapped_column(Integer, default=0)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    capability: Mapped[str] = mapped_column(String(255))
+    task_name: Mapped[str] = mapped_column(String(255))
+    task_id: Mapped[str] = mapped_column(String(64), unique=True)
+    #: PENDING (not started), RUNNING (announced), SUCCESS, FAILED or CANCELLED (never started:
+    #: the task failed).
+    state: Mapped[str] = mapped_column(String(16), default="PENDING")
+    #: The resolved input it was announced with.
+    input: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: Its output as downstream sees it (after its output_mapping).
+    output: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    announced_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -192,3 +192,54 @@ def countdown(self: Any, key: str, n: int) -> list[int]:
     if n > 0:
         raise self.retry(args=(key, n - 1), countdown=0.1)
     return [int(v) for v in counters().lrange(f"args:{key}", 0, -1)]
+
+
+# --- AITP capabilities (task graphs, issue 12): every test node can run them ("shared") ------
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="pdf_text_extraction",
+          required_skills=["shared"])
+def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
+    """Seed 004's subtask 1: the 'text' is made from the URL; says what type max_pages had."""
+    counters().incr(f"exec:{self.request.id}")
+    words = [w for w in paper_pdf_url.replace("/", " ").replace(".", " ").split() if w]
+    return {"extracted_text": " ".join(words), "pages": max_pages,
+            "max_pages_type": type(max_pages).__name__}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="nlp_analysis",
+          required_skills=["shared"])
+def analyze_text(self: Any, text: str) -> dict[str, Any]:
+    """Seed 004's subtask 2: the longest words of the text."""
+    counters().incr(f"exec:{self.request.id}")
+    return {"analysis": sorted(set(text.split()), key=lambda w: (-len(w), w))[:3]}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="orchestration",
+          required_skills=["shared"])
+def aggregate(self: Any, raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
+    """Seed 004's subtask 3."""
+    counters().incr(f"exec:{self.request.id}")
+    return {"hypothesis": f"{nlp_results[0]} matters", "results": nlp_results,
+            "methodology": f"read {len(raw_text.split())} words", "limitations": "none"}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="it_echo", required_skills=["shared"])
+def echo(self: Any, value: Any, key: str = "") -> dict[str, Any]:
+    """Returns its value; counts its runs under ``ran:<key>``."""
+    if key:
+        counters().incr(f"ran:{key}")
+    return {"value": value, "node": str(self.request.hostname).split("@")[0]}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="it_sleep", required_skills=["shared"])
+def nap(self: Any, seconds: float, label: str) -> dict[str, Any]:
+    """Sleeps ``seconds``; returns its label and node."""
+    time.sleep(seconds)
+    return {"label": label, "node": str(self.request.hostname).split("@")[0]}
+
+
+@app.task(base=bidding.BiddingTask, bind=True, capability="it_fail", required_skills=["shared"])
+def broken(self: Any, message: str) -> dict[str, Any]:
+    """Always fails with ``message``."""
+    raise ValueError(message)

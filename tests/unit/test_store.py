@@ -26,7 +26,8 @@ from bidding.store import (
 from bidding.store.schema import Base, Node
 
 TABLES = {"bidding_nodes", "bidding_announcements", "bidding_bids", "bidding_episodes",
-          "bidding_messages", "bidding_ledger", "bidding_workers"}
+          "bidding_messages", "bidding_ledger", "bidding_workers",
+          "bidding_graphs", "bidding_graph_steps"}
 
 
 def schema_diff(url: str) -> list:

@@ -1,0 +1,164 @@
+"""The AITP task definition (seed 004 sections 2.1, 2.2 and 3.1) as pydantic models.
+
+A definition is read from a dict, a JSON or YAML file, or given as the model itself. ``input``
+and ``output`` are JSON schemas (as in the seed); the values the task runs with are
+``input_values`` (or ``bidding.submit(..., input={...})``), completed with the schema's
+defaults.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bidding.errors import ConfigurationError
+from bidding.models import RetryPolicy, describe_validation
+
+Priority = Literal["HIGH", "NORMAL", "LOW"]
+#: AITP's task priority as the announcement's 0-9 priority.
+PRIORITY_LEVELS: dict[str, int] = {"HIGH": 7, "NORMAL": 5, "LOW": 3}
+#: The id of the one step of a definition without subtasks.
+SINGLE_STEP = "task"
+
+
+class RetrySpec(BaseModel):
+    """AITP 2.2 ``retry_policy``, mapped onto ``bidding.RetryPolicy``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_retries: int = Field(3, ge=0, le=100)
+    backoff_strategy: Literal["exponential", "linear", "fixed"] = "exponential"
+    backoff_base_ms: float = Field(1000, ge=0)
+
+    def policy(self) -> RetryPolicy:
+        """The equivalent retry policy of an attempt."""
+        return RetryPolicy(max_retries=self.max_retries, backoff=self.backoff_strategy,
+                           base_ms=self.backoff_base_ms)
+
+
+class Metadata(BaseModel):
+    """AITP 2.2 task metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: Unix time after which no subtask may start.
+    deadline: float | None = None
+    #: Soft time limit of each subtask's attempt.
+    timeout_seconds: float | None = Field(None, gt=0)
+    retry_policy: RetrySpec | None = None
+    #: The most the whole task may cost: the sum of its subtasks' ledgers.
+    cost_limit: float | None = Field(None, ge=0)
+    estimated_cost: float | None = None
+    actual_cost: float | None = None
+    tags: list[str] = Field(default_factory=list)
+    #: Ids of other top-level tasks (graphs) that must succeed before this one starts.
+    dependencies: list[str] = Field(default_factory=list)
+
+
+class Subtask(BaseModel):
+    """AITP 3.1: one step, routed by bidding on its ``agent_capability``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    subtask_id: str = Field(min_length=1, max_length=64)
+    name: str = ""
+    agent_capability: str = Field(min_length=1)
+    depends_on: list[str] = Field(default_factory=list)
+    #: Keyword arguments of the capability's task; strings may hold ``${...}`` templates.
+    input: dict[str, Any] = Field(default_factory=dict)
+    #: The task's output field -> the name everything downstream sees it under. Empty: the
+    #: whole output, under its own names.
+    output_mapping: dict[str, str] = Field(default_factory=dict)
+    #: Among subtasks ready together, the lower number is announced first.
+    priority: int = 0
+    timeout_seconds: float | None = Field(None, gt=0)
+    retry_policy: RetrySpec | None = None
+
+
+class TaskDefinition(BaseModel):
+    """AITP 2.1 task, decomposed (3.1) or not (then one auction for ``agent_capability``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: str | None = Field(None, min_length=1, max_length=64)
+    name: str = Field(min_length=1)
+    description: str = ""
+    goal: str = ""
+    #: The capability of a task without subtasks.
+    agent_capability: str | None = None
+    #: JSON schema of the task's input.
+    input: dict[str, Any] = Field(default_factory=dict)
+    #: JSON schema of the task's output (its result is checked against it).
+    output: dict[str, Any] = Field(default_factory=dict)
+    #: The input the task runs with (``submit(..., input=...)`` adds to it).
+    input_values: dict[str, Any] = Field(default_factory=dict)
+    created_at: float | None = None
+    created_by: str | None = None
+    priority: Priority = "NORMAL"
+    status: str | None = None
+    metadata: Metadata = Field(default_factory=Metadata)
+    subtasks: list[Subtask] = Field(default_factory=list)
+    #: The task's result: ``field: "${subtask.output.x}"`` templates, or renames of the merged
+    #: output of the sink subtasks. Empty: that merged output as it is.
+    output_mapping: dict[str, str] = Field(default_factory=dict)
+
+    def steps(self) -> list[Subtask]:
+        """The subtasks, or the single step of a task without subtasks."""
+        if self.subtasks:
+            return list(self.subtasks)
+        if not self.agent_capability:
+            return []
+        inputs = {key: f"${{parent.input.{key}}}" for key in self.input_with_defaults()}
+        return [Subtask(subtask_id=SINGLE_STEP, name=self.name,
+                        agent_capability=self.agent_capability, input=inputs)]
+
+    def input_with_defaults(self, given: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The input values, completed with the defaults of the input schema's properties."""
+        values: dict[str, Any] = {}
+        for key, prop in (self.input.get("properties") or {}).items():
+            if isinstance(prop, dict) and "default" in prop:
+                values[key] = prop["default"]
+        values.update(self.input_values)
+        values.update(given or {})
+        return values
+
+
+def load_definition(source: Any) -> TaskDefinition:
+    """A definition from a dict, a JSON/YAML file path, JSON text or the model itself."""
+    if isinstance(source, TaskDefinition):
+        return source
+    where = "task definition"
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if isinstance(source, str) and source.lstrip().startswith("{"):
+            source = json.loads(source)
+        elif path.exists():
+            where = str(path)
+            source = _read(path)
+        else:
+            raise ConfigurationError(f"task definition: no such file {path}")
+    if not isinstance(source, dict):
+        raise ConfigurationError(f"{where}: expected a mapping (got {type(source).__name__})")
+    if "task" in source and isinstance(source["task"], dict) and len(source) == 1:
+        source = source["task"]  # a file with a top-level ``task:`` key
+    try:
+        return TaskDefinition.model_validate(source)
+    except ValidationError as exc:
+        raise ConfigurationError(f"{where}: {describe_validation(exc)}") from None
+
+
+def _read(path: Path) -> Any:
+    text = path.read_text()
+    if path.suffix.lower() == ".json":
+        return json.loads(text)
+    try:
+        import yaml
+    except ImportError:  # pragma: no cover - PyYAML is a dependency
+        raise ConfigurationError(f"{path}: reading YAML needs PyYAML") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigurationError(f"{path}: not valid YAML ({exc})") from None

@@ -1,0 +1,144 @@
+"""Validation of a task definition before anything runs (pure): every error names the subtask
+and the field. ``check`` collects them all and raises one ``GraphValidationError``."""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+
+from bidding.errors import ConfigurationError
+from bidding.graphs import plan
+from bidding.graphs.spec import Subtask, TaskDefinition
+from bidding.graphs.templates import Reference, TemplateError, references
+
+
+class GraphValidationError(ConfigurationError):
+    """A task definition that cannot run; ``errors`` lists every problem found."""
+
+    def __init__(self, name: str, errors: list[str]) -> None:
+        super().__init__(f"task {name!r} is invalid: " + "; ".join(errors))
+        self.errors = errors
+
+
+def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
+              tasks: Mapping[str, Any]) -> list[str]:
+    """Every problem of ``defn`` run with input ``values``, given the registered tasks by
+    capability (``tasks``: capability -> Celery task)."""
+    steps = defn.steps()
+    if not steps:
+        return ["subtasks: a task needs subtasks or an agent_capability"]
+    found: list[str] = []
+    ids = [s.subtask_id for s in steps]
+    for sid, n in Counter(ids).items():
+        if n > 1:
+            found.append(f"subtask {sid}: subtask_id is used by {n} subtasks")
+    known = set(ids)
+    for step in steps:
+        for dep in step.depends_on:
+            if dep not in known:
+                found.append(f"subtask {step.subtask_id}: depends_on names unknown "
+                             f"subtask {dep!r}")
+    cycle = plan.find_cycle(steps)
+    if cycle is not None:
+        found.append(f"subtasks {', '.join(dict.fromkeys(cycle))}: depends_on makes a cycle "
+                     f"({' -> '.join(cycle)})")
+    found += _input_errors(defn, values)
+    if cycle is None:
+        tree = plan.ancestors(steps)
+        by_id = {s.subtask_id: s for s in steps}
+        for step in steps:
+            for key, value in step.input.items():
+                found += _template_errors(defn, step, f"input.{key}", value, tree, by_id,
+                                          values)
+        for key, value in defn.output_mapping.items():
+            found += _template_errors(defn, None, f"output_mapping.{key}", value,
+                                      {"": set(ids)}, by_id, values)
+    for step in steps:
+        found += _capability_errors(step, tasks)
+    return found
+
+
+def check(defn: TaskDefinition, values: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+    """Raise ``GraphValidationError`` listing every problem of ``defn``, if any."""
+    found = errors_of(defn, values, tasks)
+    if found:
+        raise GraphValidationError(defn.name, found)
+
+
+def _input_errors(defn: TaskDefinition, values: Mapping[str, Any]) -> list[str]:
+    if not defn.input:
+        return []
+    try:
+        validator = jsonschema.validators.validator_for(defn.input)
+        validator.check_schema(defn.input)
+    except jsonschema.SchemaError as exc:
+        return [f"input: not a valid JSON schema ({exc.message})"]
+    problems = []
+    for error in validator(defn.input).iter_errors(dict(values)):
+        where = ".".join(str(p) for p in error.absolute_path)
+        problems.append(f"input{'.' + where if where else ''}: {error.message} "
+                        "(the task's input JSON schema)")
+    return problems
+
+
+def _template_errors(defn: TaskDefinition, step: Subtask | None, field: str, value: Any,
+                     tree: Mapping[str, set[str]], by_id: Mapping[str, Subtask],
+                     values: Mapping[str, Any]) -> list[str]:
+    who = f"subtask {step.subtask_id}" if step is not None else f"task {defn.name!r}"
+    try:
+        refs = references(value)
+    except TemplateError as exc:
+        return [f"{who}: {field}: {exc}"]
+    deps = tree[step.subtask_id if step is not None else ""]
+    return [f"{who}: {field}: {problem}" for ref in refs
+            if (problem := _reference_problem(defn, ref, step, deps, by_id, values))]
+
+
+def _reference_problem(defn: TaskDefinition, ref: Reference, step: Subtask | None,
+                       deps: set[str], by_id: Mapping[str, Subtask],
+                       values: Mapping[str, Any]) -> str | None:
+    field = ref.field
+    if ref.source == "parent":
+        props = defn.input.get("properties") or {}
+        if field is not None and field not in props and field not in values:
+            return f"template {ref.text}: the task's input has no field {field!r}"
+        return None
+    if ref.source not in by_id:
+        return f"template {ref.text}: no subtask {ref.source!r}"
+    if ref.source not in deps:
+        return (f"template {ref.text}: {ref.source} is not a dependency of "
+                f"{step.subtask_id if step else 'the task'} (add it to depends_on)")
+    mapping = by_id[ref.source].output_mapping
+    if mapping and field is not None and field not in mapping.values():
+        return (f"template {ref.text}: {ref.source}'s output_mapping does not produce "
+                f"{field!r} (it produces {', '.join(map(repr, mapping.values()))})")
+    return None
+
+
+def _capability_errors(step: Subtask, tasks: Mapping[str, Any]) -> list[str]:
+    task = tasks.get(step.agent_capability)
+    if task is None:
+        offered = ", ".join(sorted(tasks)) or "none"
+        return [f"subtask {step.subtask_id}: agent_capability {step.agent_capability!r}: no "
+                f"registered task implements it (registered capabilities: {offered})"]
+    try:
+        signature = inspect.signature(task.run)
+    except (TypeError, ValueError):
+        return []
+    params = signature.parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return []
+    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    problems = [f"subtask {step.subtask_id}: input.{key}: task {task.name} "
+                f"({step.agent_capability}) takes no argument {key!r}"
+                for key in step.input if key not in names]
+    problems += [f"subtask {step.subtask_id}: input: task {task.name} "
+                 f"({step.agent_capability}) needs argument {p.name!r}"
+                 for p in params
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                 and p.default is p.empty and p.name not in step.input]
+    return problems
