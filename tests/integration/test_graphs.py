@@ -159,3 +159,33 @@ def test_a_graph_submitted_by_a_process_that_exits_at_once_completes(
     # then the nodes ran it to the end
     assert handle.result(timeout=60) == {"both": ["left 1", "right 1"]}
     assert handle.status() == "COMPLETED"
+
+
+def test_the_command_line_submits_a_graph_waits_for_it_and_shows_its_status(
+        cluster: Cluster, tmp_path: Any) -> None:
+    # given the diamond as a YAML file, as an operator would write it
+    import yaml
+
+    path = tmp_path / "diamond.yaml"
+    path.write_text(yaml.safe_dump(DIAMOND))
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "BIDDING_DATABASE_URL": cluster.settings.database_url,
+           "BIDDING_IT_BROKER": cluster.app.conf.broker_url,
+           "BIDDING_IT_BACKEND": cluster.app.conf.result_backend}
+    # when it is submitted with `bidding submit FILE -A APP --wait`
+    done = subprocess.run([sys.executable, "-m", "bidding.cli", "submit", str(path), "-A",
+                           "tests.integration.app", "--wait", "--timeout", "60"], env=env,
+                          cwd=ROOT, capture_output=True, text=True, timeout=90)
+    # then it prints the task id and, once done, the result
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "left 1" in done.stdout and "right 1" in done.stdout, done.stdout
+    graph_id = next(word for line in done.stdout.splitlines() for word in line.split()
+                    if len(word) == 36 and word.count("-") == 4)
+    # and `bidding status ID` shows every step, completed, with its node
+    shown = subprocess.run([sys.executable, "-m", "bidding.cli", "status", graph_id,
+                            "--database-url", cluster.settings.database_url], env=env,
+                           cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    for step in ("start", "left", "right", "join"):
+        assert step in shown.stdout, shown.stdout
+    assert "COMPLETED" in shown.stdout, shown.stdout
