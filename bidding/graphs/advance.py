@@ -107,7 +107,8 @@ def advance(settings: Settings, app: Celery, graph_id: str) -> str | None:
     failed = sorted((s for s in steps.values() if s.state == rows.FAILED),
                     key=lambda s: (s.finished_at or now, s.position))
     if failed:
-        _fail(settings, graph, defn, steps, failed[0].step_id, failed[0].error or "failed")
+        _fail(settings, app, graph, defn, steps, failed[0].step_id,
+              failed[0].error or "failed")
         return rows.FAILED
     if graph.state == rows.WAITING and not _dependencies_done(settings, graph, defn, steps):
         return graph.state
@@ -160,23 +161,37 @@ def _reason(ended: _Ended) -> str:
     return f"its task ended {ended.state}"
 
 
-def _fail(settings: Settings, graph: Graph, defn: TaskDefinition,
+def _fail(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
           steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
-    """Fail the task for ``step_id``'s failure; every step not started is never started."""
+    """Fail the task for ``step_id``'s failure: every step not started is never started, and
+    every other step still running is stopped (its work can no longer be used)."""
     now = time.time()
     after = set(plan.dependents(defn.steps(), step_id))
+    stopped: list[str] = []
     with write_session(settings.database_url) as session:
         if not rows.move_graph(session, graph.graph_id, (rows.WAITING, rows.EXECUTING),
                                rows.FAILED, error=f"subtask {step_id} failed: {reason}",
                                failed_step=step_id, finished_at=now):
             return
-        for sid in steps:
+        for sid, step in steps.items():
             why = (f"never started: it depends on {step_id}, which failed" if sid in after
                    else f"never started: the task failed ({step_id} failed)")
             rows.move_step(session, graph.graph_id, sid, rows.PENDING, rows.CANCELLED,
                            error=why, finished_at=now)
+            if sid != step_id and rows.move_step(
+                    session, graph.graph_id, sid, rows.RUNNING, rows.CANCELLED,
+                    error=f"stopped: the task failed ({step_id} failed)", finished_at=now):
+                stopped.append(step.task_id)
     graph.state = rows.FAILED
     logger.warning("graph %s failed: subtask %s failed: %s", graph.graph_id, step_id, reason)
+    for task_id in stopped:
+        # As `celery control revoke --terminate` would: its node drops or ends it, and the
+        # store records it FAILED ("revoked").
+        try:
+            app.control.revoke(task_id, terminate=True)
+        except Exception:  # the broker down: the subtask finishes, and its result is unused
+            logger.warning("graph %s: stopping subtask task %s failed", graph.graph_id,
+                           task_id, exc_info=True)
 
 
 def _dependencies_done(settings: Settings, graph: Graph, defn: TaskDefinition,
@@ -268,6 +283,11 @@ def options(defn: TaskDefinition, subtask: Subtask, remaining: float | None) -> 
     retry = subtask.retry_policy or meta.retry_policy
     if retry is not None:
         found["retry_policy"] = retry.policy()
+    # AITP 6.2: the task's fallbacks, each overridden by the subtask's own.
+    fallbacks = {**(meta.fallback.fallbacks() if meta.fallback else {}),
+                 **(subtask.fallback.fallbacks() if subtask.fallback else {})}
+    if fallbacks:
+        found["fallbacks"] = fallbacks
     return found
 
 
@@ -277,23 +297,31 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
     sid = subtask.subtask_id
     step = steps[sid]
     remaining: float | None = None
-    if defn.metadata.cost_limit is not None:
+    limit = defn.metadata.cost_limit
+    if limit is not None:
         with read_session(settings.database_url) as session:
-            spent = sum(rows.spent(session, [s.task_id for s in steps.values()]).values())
-        remaining = defn.metadata.cost_limit - spent
+            now_steps = {r.step_id: r for r in session.scalars(
+                select(GraphStep).where(GraphStep.graph_id == graph.graph_id))}
+            costs = rows.spent(session, [s.task_id for s in now_steps.values()])
+        finished = sum(costs.get(s.task_id, 0.0) for s in now_steps.values()
+                       if s.state in rows.STEP_FINAL)
+        held = sum(max(s.budget or 0.0, costs.get(s.task_id, 0.0))
+                   for s in now_steps.values() if s.state == rows.RUNNING)
+        pending = sum(1 for s in now_steps.values() if s.state == rows.PENDING)
+        remaining = plan.budget_share(limit, finished, held, pending)
         if remaining <= 0:
-            _fail_step(settings, graph, defn, steps, sid,
-                       f"cost_limit {defn.metadata.cost_limit:g} reached (spent {spent:.4f})")
+            _fail_step(settings, app, graph, defn, steps, sid,
+                       f"cost_limit {limit:g} reached (spent {finished + held:.4f})")
             return False
     try:
         kwargs = resolve(subtask.input, graph.input, _outputs(steps))
     except TemplateError as exc:
-        _fail_step(settings, graph, defn, steps, sid, str(exc))
+        _fail_step(settings, app, graph, defn, steps, sid, str(exc))
         return False
     now = time.time()
     with write_session(settings.database_url) as session:
         if not rows.move_step(session, graph.graph_id, sid, rows.PENDING, rows.RUNNING,
-                              input=kwargs, announced_at=now):
+                              input=kwargs, announced_at=now, budget=remaining):
             return True  # another process announced it
     step.state = rows.RUNNING
     try:
@@ -304,18 +332,18 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
         with write_session(settings.database_url) as session:
             rows.move_step(session, graph.graph_id, sid, rows.RUNNING, rows.FAILED,
                            error=f"could not be announced: {exc}", finished_at=time.time())
-        _fail(settings, graph, defn, steps, sid, f"could not be announced: {exc}")
+        _fail(settings, app, graph, defn, steps, sid, f"could not be announced: {exc}")
         return False
     logger.info("graph %s: subtask %s announced as %s", graph.graph_id, sid, step.task_id)
     return True
 
 
-def _fail_step(settings: Settings, graph: Graph, defn: TaskDefinition,
+def _fail_step(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
                steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
     with write_session(settings.database_url) as session:
         rows.move_step(session, graph.graph_id, step_id, rows.PENDING, rows.FAILED,
                        error=reason, finished_at=time.time())
-    _fail(settings, graph, defn, steps, step_id, reason)
+    _fail(settings, app, graph, defn, steps, step_id, reason)
 
 
 def _announce_again(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
@@ -332,9 +360,7 @@ def _announce_again(settings: Settings, app: Celery, graph: Graph, defn: TaskDef
     if taken != 1:
         return
     subtask = rows.steps_by_id(defn)[step.step_id]
-    remaining = None
-    if defn.metadata.cost_limit is not None:
-        remaining = defn.metadata.cost_limit
+    remaining = step.budget  # the share it was given when it was started
     logger.warning("graph %s: subtask %s was started but never announced; announcing it",
                    graph.graph_id, step.step_id)
     app.tasks[step.task_name].apply_async(kwargs=step.input or {}, task_id=step.task_id,

@@ -76,3 +76,13 @@ def ready(steps: Sequence[Subtask], done: Collection[str],
              and all(d in done for d in s.depends_on)]
     position = {s.subtask_id: i for i, s in enumerate(steps)}
     return sorted(found, key=lambda s: (s.priority, position[s.subtask_id]))
+
+
+def budget_share(cost_limit: float, spent_finished: float, held_by_running: float,
+                 pending: int) -> float:
+    """The budget of a subtask started now, so that the task never spends more than
+    ``cost_limit``: what is left after the finished subtasks' costs and the budgets the running
+    ones hold, shared equally among the ``pending`` subtasks not started yet (this one
+    included). What a finished subtask did not spend of its budget returns to the pool."""
+    free = cost_limit - spent_finished - held_by_running
+    return max(0.0, free / max(1, pending))

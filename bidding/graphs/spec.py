@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from bidding.errors import ConfigurationError
 from bidding.models import RetryPolicy, describe_validation
@@ -39,6 +39,68 @@ class RetrySpec(BaseModel):
                            base_ms=self.backoff_base_ms)
 
 
+#: AITP 6.2's fallback strategies -> bidding's ``Fallbacks`` values.
+OFFLINE_STRATEGIES = {"SELECT_NEXT_BEST": "next_best", "REAUCTION": "reauction", "FAIL": "fail"}
+TIMEOUT_STRATEGIES = {"RETRY_WITH_TIMEOUT_EXTENSION": "extend", "RETRY": "retry",
+                      "FAIL": "fail"}
+CAPABILITY_STRATEGIES = {"DEFER": "defer", "FAIL": "fail"}
+COST_STRATEGIES = {"FAIL_AND_NOTIFY"}
+
+
+class FallbackChoice(BaseModel):
+    """One AITP 6.2 fallback: its ``strategy`` and that strategy's settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strategy: str
+    extended_timeout_seconds: float | None = Field(None, gt=0)
+    #: Seconds between announcements of a deferred task (the seed: "try again in 5 minutes").
+    defer_seconds: float | None = Field(None, ge=0)
+    max_deferrals: int | None = Field(None, ge=1)
+    notification: str | None = None
+
+
+class FallbackSpec(BaseModel):
+    """AITP 6.2 ``Fallback``: what a subtask's attempts do when they cannot go as planned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    on_agent_offline: FallbackChoice | None = None
+    on_timeout: FallbackChoice | None = None
+    on_cost_exceeded: FallbackChoice | None = None
+    on_capability_unavailable: FallbackChoice | None = None
+
+    @model_validator(mode="after")
+    def _known_strategies(self) -> FallbackSpec:
+        for name, known in (("on_agent_offline", OFFLINE_STRATEGIES),
+                            ("on_timeout", TIMEOUT_STRATEGIES),
+                            ("on_capability_unavailable", CAPABILITY_STRATEGIES),
+                            ("on_cost_exceeded", COST_STRATEGIES)):
+            choice = getattr(self, name)
+            if choice is not None and choice.strategy not in known:
+                raise ValueError(f"{name}.strategy: {choice.strategy!r} is not one of "
+                                 f"{', '.join(sorted(known))}")
+        return self
+
+    def fallbacks(self) -> dict[str, Any]:
+        """The equivalent ``bidding={"fallbacks": ...}`` of an announcement."""
+        found: dict[str, Any] = {}
+        if self.on_agent_offline is not None:
+            found["on_agent_offline"] = OFFLINE_STRATEGIES[self.on_agent_offline.strategy]
+        if self.on_timeout is not None:
+            found["on_timeout"] = TIMEOUT_STRATEGIES[self.on_timeout.strategy]
+            if self.on_timeout.extended_timeout_seconds is not None:
+                found["extended_timeout_seconds"] = self.on_timeout.extended_timeout_seconds
+        choice = self.on_capability_unavailable
+        if choice is not None:
+            found["on_capability_unavailable"] = CAPABILITY_STRATEGIES[choice.strategy]
+            if choice.defer_seconds is not None:
+                found["defer_seconds"] = choice.defer_seconds
+            if choice.max_deferrals is not None:
+                found["max_deferrals"] = choice.max_deferrals
+        return found
+
+
 class Metadata(BaseModel):
     """AITP 2.2 task metadata."""
 
@@ -56,6 +118,8 @@ class Metadata(BaseModel):
     tags: list[str] = Field(default_factory=list)
     #: Ids of other top-level tasks (graphs) that must succeed before this one starts.
     dependencies: list[str] = Field(default_factory=list)
+    #: AITP 6.2 fallbacks of every subtask (a subtask's own ``fallback`` overrides them).
+    fallback: FallbackSpec | None = None
 
 
 class Subtask(BaseModel):
@@ -76,6 +140,7 @@ class Subtask(BaseModel):
     priority: int = 0
     timeout_seconds: float | None = Field(None, gt=0)
     retry_policy: RetrySpec | None = None
+    fallback: FallbackSpec | None = None
 
 
 class TaskDefinition(BaseModel):

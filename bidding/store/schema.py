@@ -266,3 +266,5 @@ class GraphStep(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     announced_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: The budget it was announced with: its share of the task's cost_limit (None: no limit).
+    budget: Mapped[float | None] = mapped_column(Float, nullable=True)

@@ -233,9 +233,12 @@ def echo(self: Any, value: Any, key: str = "") -> dict[str, Any]:
 
 
 @app.task(base=bidding.BiddingTask, bind=True, capability="it_sleep", required_skills=["shared"])
-def nap(self: Any, seconds: float, label: str) -> dict[str, Any]:
-    """Sleeps ``seconds``; returns its label and node."""
+def nap(self: Any, seconds: float, label: str, key: str = "") -> dict[str, Any]:
+    """Sleeps ``seconds``; returns its label and node; counts finished naps under
+    ``napped:<key>``."""
     time.sleep(seconds)
+    if key:
+        counters().incr(f"napped:{key}")
     return {"label": label, "node": str(self.request.hostname).split("@")[0]}
 
 

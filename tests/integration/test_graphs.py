@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -189,3 +190,25 @@ def test_the_command_line_submits_a_graph_waits_for_it_and_shows_its_status(
     for step in ("start", "left", "right", "join"):
         assert step in shown.stdout, shown.stdout
     assert "COMPLETED" in shown.stdout, shown.stdout
+
+
+def test_a_failing_step_stops_the_steps_still_running_beside_it(cluster: Cluster) -> None:
+    # given first -> (slow: 6 s, broken), the broken step failing at once
+    key = uuid.uuid4().hex
+    spec = {"name": "stops its siblings", "subtasks": [
+        {"subtask_id": "first", "agent_capability": "it_echo", "input": {"value": 1}},
+        {"subtask_id": "slow", "agent_capability": "it_sleep", "depends_on": ["first"],
+         "input": {"seconds": 6.0, "label": "slow", "key": key}},
+        {"subtask_id": "broken", "agent_capability": "it_fail", "depends_on": ["first"],
+         "input": {"message": "broken at once"}},
+    ]}
+    handle = bidding.submit(spec, app=cluster.app)
+    # when the broken step fails the task
+    with pytest.raises(bidding.SubtaskFailedError, match="subtask broken failed"):
+        handle.result(timeout=60)
+    # then the slow step, whose work can no longer be used, is stopped: never finished
+    steps = {s.step_id: s for s in handle.progress().steps}
+    assert steps["slow"].status == "CANCELLED"
+    assert "stopped: the task failed (broken failed)" in (steps["slow"].error or "")
+    time.sleep(7.0)
+    assert cluster.counters.get(f"napped:{key}") is None

@@ -252,3 +252,60 @@ def test_a_yaml_file_is_read(tmp_path: Any) -> None:
     # a task without subtasks is one step for its capability, with the parent's input
     assert [(s.subtask_id, s.agent_capability, s.input) for s in defn.steps()] == [
         ("task", "nlp_analysis", {"text": "${parent.input.text}"})]
+
+
+# --- fallbacks (AITP 6.2) -------------------------------------------------------------------
+
+
+def test_the_seeds_fallbacks_map_onto_each_subtasks_announcement() -> None:
+    # given the seed's fallback block on the task, and one subtask overriding one of them
+    from bidding.graphs.advance import options
+
+    spec = paper()
+    spec["metadata"] = {"fallback": {
+        "on_agent_offline": {"strategy": "SELECT_NEXT_BEST"},
+        "on_timeout": {"strategy": "RETRY_WITH_TIMEOUT_EXTENSION",
+                       "extended_timeout_seconds": 7200},
+        "on_cost_exceeded": {"strategy": "FAIL_AND_NOTIFY",
+                             "notification": "Task exceeded budget"},
+        "on_capability_unavailable": {"strategy": "DEFER", "defer_seconds": 300}}}
+    spec["subtasks"][1]["fallback"] = {"on_capability_unavailable": {"strategy": "FAIL"}}
+    defn = load_definition(spec)
+    first, second, _ = defn.subtasks
+    # then each subtask's announcement carries them as bidding's fallbacks
+    assert options(defn, first, None)["fallbacks"] == {
+        "on_agent_offline": "next_best", "on_timeout": "extend",
+        "extended_timeout_seconds": 7200, "on_capability_unavailable": "defer",
+        "defer_seconds": 300}
+    assert options(defn, second, None)["fallbacks"]["on_capability_unavailable"] == "fail"
+
+
+def test_an_unknown_fallback_strategy_is_named_with_the_choices() -> None:
+    # given a typo in a fallback strategy
+    spec = paper()
+    spec["metadata"] = {"fallback": {"on_capability_unavailable": {"strategy": "DEFFER"}}}
+    # then the definition is refused, naming the field, the value and what is allowed
+    with pytest.raises(ConfigurationError,
+                       match=r"on_capability_unavailable\.strategy: 'DEFFER' is not one of "
+                             r"DEFER, FAIL"):
+        load_definition(spec)
+
+
+# --- cost_limit -----------------------------------------------------------------------------
+
+
+def test_parallel_subtasks_share_the_cost_limit_and_never_exceed_it() -> None:
+    from bidding.graphs.plan import budget_share
+
+    # given a limit of 10 and three subtasks not started yet
+    # when the first two start together, then each gets a third, not all 10
+    first = budget_share(10.0, 0.0, 0.0, 3)
+    second = budget_share(10.0, 0.0, first, 2)
+    assert first == pytest.approx(10 / 3) and second == pytest.approx(10 / 3)
+    # when the first finishes having spent 1, the last gets what is left of the limit
+    last = budget_share(10.0, 1.0, second, 1)
+    assert last == pytest.approx(10 - 1 - 10 / 3)
+    # then the budgets outstanding at any time never add up to more than the limit
+    assert 1.0 + second + last <= 10.0 + 1e-9
+    # and nothing is left to give once the limit is spent
+    assert budget_share(10.0, 10.0, 0.0, 2) == 0.0

@@ -49,6 +49,7 @@ def upgrade() -> None:
     sa.Column('error', sa.Text(), nullable=True),
     sa.Column('announced_at', sa.Float(), nullable=True),
     sa.Column('finished_at', sa.Float(), nullable=True),
+    sa.Column('budget', sa.Float(), nullable=True),
     sa.ForeignKeyConstraint(['graph_id'], ['bidding_graphs.graph_id'], ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('graph_id', 'step_id'),
     sa.UniqueConstraint('task_id')
