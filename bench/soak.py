@@ -111,8 +111,24 @@ def run(config: SoakConfig, folder: Path | None = None) -> SoakResult:
 
 def _soak(config: SoakConfig, folder: Path, broker: PrivateRedis,
           database_url: str) -> SoakResult:
-    os.environ.update({"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
-                       "BIDDING_DATABASE_URL": database_url})
+    # The soak's app reads these as it is imported and as its settings load; they are put back
+    # afterwards (a test process goes on with other stores).
+    soak_env = {"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
+                "BIDDING_DATABASE_URL": database_url}
+    saved = {k: os.environ.get(k) for k in soak_env}
+    os.environ.update(soak_env)
+    try:
+        return _soak_in_env(config, folder, broker, database_url)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
+                 database_url: str) -> SoakResult:
     from bench.chaos.app import app, expected, work
     from bidding.config import get_settings, reset_settings
     from bidding.nodes.federation import Federation

@@ -18,7 +18,7 @@ def _work(seconds: float) -> None:
     time.sleep(seconds)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="extraction",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="extraction",
           capability="pdf_text_extraction",
           retry_policy=bidding.RetryPolicy(max_retries=2, backoff="exponential", base_ms=300))
 def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str
     return {"extracted_text": " ".join(words * 3), "pages": min(max_pages, 3 + len(words))}
 
 
-@app.task(base=bidding.BiddingTask, capability="nlp_analysis")
+@app.task(shared=False, base=bidding.BiddingTask, capability="nlp_analysis")
 def analyze_text(text: str) -> dict[str, Any]:
     """AITP subtask 2: 'Analyze Text with NLP': top terms of the text."""
     _work(0.08)
@@ -42,7 +42,7 @@ def analyze_text(text: str) -> dict[str, Any]:
     return {"analysis": [w for w, _ in counts.most_common(5)], "tokens": len(text.split())}
 
 
-@app.task(base=bidding.BiddingTask, capability="orchestration")
+@app.task(shared=False, base=bidding.BiddingTask, capability="orchestration")
 def aggregate(raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
     """AITP subtask 3: 'Aggregate Results'."""
     _work(0.03)
@@ -51,14 +51,16 @@ def aggregate(raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
             "results": nlp_results, "limitations": "the text is derived from the URL"}
 
 
-@app.task(base=bidding.BiddingTask, task_type="gpu_inference", required_skills=["gpu_inference"])
+@app.task(shared=False, base=bidding.BiddingTask,
+          task_type="gpu_inference", required_skills=["gpu_inference"])
 def gpu_inference(prompt: str) -> dict[str, Any]:
     """Seed 000: GPU inference, redfin's speciality."""
     _work(0.12)
     return {"embedding": hashlib.sha256(prompt.encode()).hexdigest()[:16]}
 
 
-@app.task(base=bidding.BiddingTask, task_type="database", required_skills=["database", "sql"])
+@app.task(shared=False, base=bidding.BiddingTask,
+          task_type="database", required_skills=["database", "sql"])
 def database_query(sql: str) -> dict[str, Any]:
     """Seed 000: database work, bluefin's speciality. Refuses destructive statements."""
     _work(0.04)
@@ -67,14 +69,15 @@ def database_query(sql: str) -> dict[str, Any]:
     return {"rows": len(sql) % 17, "sql": sql}
 
 
-@app.task(base=bidding.BiddingTask, task_type="monitoring", required_skills=["monitoring"])
+@app.task(shared=False, base=bidding.BiddingTask,
+          task_type="monitoring", required_skills=["monitoring"])
 def monitor_check(host: str) -> dict[str, Any]:
     """Seed 000: a monitoring probe, greenfin's speciality."""
     _work(0.02)
     return {"host": host, "status": "ok" if len(host) % 5 else "degraded"}
 
 
-@app.task(base=bidding.BiddingTask, task_type="edge_development",
+@app.task(shared=False, base=bidding.BiddingTask, task_type="edge_development",
           required_skills=["edge_development", "testing"])
 def edge_build(target: str) -> dict[str, Any]:
     """Seed 000: an edge build and its tests, sasass's speciality."""
@@ -83,7 +86,8 @@ def edge_build(target: str) -> dict[str, Any]:
     return {"target": target, "artifact": f"{target}-{digest}"}
 
 
-@app.task(base=bidding.BiddingTask, task_type="planning", required_skills=["planning"])
+@app.task(shared=False, base=bidding.BiddingTask,
+          task_type="planning", required_skills=["planning"])
 def plan(goal: str) -> dict[str, Any]:
     """Seed 000: planning, tpm's speciality."""
     _work(0.05)
@@ -91,7 +95,7 @@ def plan(goal: str) -> dict[str, Any]:
     return {"steps": steps, "count": len(steps)}
 
 
-@app.task(base=bidding.BiddingTask, task_type="summarize",
+@app.task(shared=False, base=bidding.BiddingTask, task_type="summarize",
           required_skills=["documentation", "nlp_analysis"])
 def summarize(requirement: str) -> str:
     """Seed 001's RFP: 'Summarize quantum computing advances for executives'."""
@@ -100,7 +104,7 @@ def summarize(requirement: str) -> str:
     return " ".join(words[: max(3, len(words) // 2)]) + "..."
 
 
-@app.task(base=bidding.BiddingTask, task_type="image_classification",
+@app.task(shared=False, base=bidding.BiddingTask, task_type="image_classification",
           required_skills=["image_classification"])
 def classify_image(image_url: str) -> dict[str, Any]:
     """AITP 7.1's pricing example: image classification at a price per image."""

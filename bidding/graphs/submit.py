@@ -12,7 +12,7 @@ from celery import Celery
 from sqlalchemy import select
 
 from bidding.config import Settings, get_settings
-from bidding.errors import SubtaskFailedError, UnknownTaskError
+from bidding.errors import ConfigurationError, SubtaskFailedError, UnknownTaskError
 from bidding.graphs import store as rows
 from bidding.graphs.advance import advance
 from bidding.graphs.progress import GraphProgress, graph_progress
@@ -28,8 +28,16 @@ def capability_tasks(app: Celery) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for name in sorted(app.tasks):
         capability = getattr(app.tasks[name], "capability", None)
-        if capability:
-            found.setdefault(str(capability), app.tasks[name])
+        if not capability:
+            continue
+        other = found.setdefault(str(capability), app.tasks[name])
+        if other is not app.tasks[name]:
+            # Which one a subtask would run must not depend on names: refuse. (Celery shares
+            # an @app.task with every app of the process unless it says shared=False.)
+            raise ConfigurationError(
+                f"capability {capability}: implemented by several tasks of the app "
+                f"({other.name}, {name}); register one (shared=False keeps another app's "
+                "tasks out of this one)")
     return found
 
 
