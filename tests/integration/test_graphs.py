@@ -212,3 +212,32 @@ def test_a_failing_step_stops_the_steps_still_running_beside_it(cluster: Cluster
     assert "stopped: the task failed (broken failed)" in (steps["slow"].error or "")
     time.sleep(7.0)
     assert cluster.counters.get(f"napped:{key}") is None
+
+
+def test_a_task_that_depends_on_another_waits_for_it_and_fails_with_it(
+        cluster: Cluster) -> None:
+    # given a diamond (about 2 s) and a second task that depends on it (metadata.dependencies)
+    first = bidding.submit(copy.deepcopy(DIAMOND), app=cluster.app)
+    later = copy.deepcopy(DIAMOND)
+    later["name"] = "after the diamond"
+    later["metadata"] = {"dependencies": [first.id]}
+    second = bidding.submit(later, app=cluster.app)
+    # then the second waits, PENDING, while the first runs
+    assert second.status() == "PENDING"
+    # and starts only once the first has completed, then completes too
+    assert second.result(timeout=60) == {"both": ["left 1", "right 1"]}
+    first_done = first.progress().finished_at
+    assert first_done is not None
+    assert min(s.started_at for s in second.progress().steps if s.started_at) >= first_done
+    # given a task that depends on one that fails
+    broken = bidding.submit({"name": "broken", "subtasks": [
+        {"subtask_id": "only", "agent_capability": "it_fail",
+         "input": {"message": "no luck"}}]}, app=cluster.app)
+    dependent = copy.deepcopy(DIAMOND)
+    dependent["name"] = "after the broken one"
+    dependent["metadata"] = {"dependencies": [broken.id]}
+    third = bidding.submit(dependent, app=cluster.app)
+    # then it fails without running a step, saying which dependency failed
+    with pytest.raises(bidding.BiddingError, match=f"dependency {broken.id} failed"):
+        third.result(timeout=60)
+    assert all(s.status == "CANCELLED" for s in third.progress().steps)
