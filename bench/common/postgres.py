@@ -21,7 +21,8 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
 
     admin_url = sa.engine.make_url(normalize_url(server_url))
     name = f"{prefix}_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    # pool_pre_ping: the soak restarts the server, and the drop must not use a dead connection.
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", pool_pre_ping=True)
     with admin.connect() as conn:
         conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
     try:
