@@ -32,6 +32,8 @@ def child_command(args: argparse.Namespace, script: Path, backend: str, json_pat
            "--source", str(source)]
     if args.candidate_cap is not None:
         cmd += ["--candidate-cap", str(args.candidate_cap)]
+    if args.store:
+        cmd += ["--store", args.store]  # the child makes the scratch PostgreSQL store
     return cmd
 
 
