@@ -66,7 +66,7 @@ def _estimate_task(s: TaskStatus, now: float) -> float | None:
 
 def _graph_state(p: GraphProgress) -> TaskState:
     return TaskState(
-        task_id=p.task_id, status=aitp_state(p.status), state=p.status,
+        task_id=p.task_id, status=p.status, state=p.status,
         progress=p.model_dump(include={"current_step", "total_steps", "percent_complete",
                                        "steps"}),
         current_step=p.current_step, estimated_completion=_estimate_graph(p, time.time()),
@@ -118,7 +118,7 @@ def create_app(celery_app: Celery) -> FastAPI:
             raise HTTPException(422, detail=[
                 {"loc": ["body"], "msg": str(exc), "type": "invalid_definition"}]) from None
         progress = graph_progress(url, handle.id)
-        return Submitted(task_id=handle.id, status=aitp_state(progress.status),
+        return Submitted(task_id=handle.id, status=progress.status,
                          created_at=progress.created_at)
 
     @api.get("/aitp/tasks/{task_id}", response_model=TaskState, dependencies=reads,
@@ -140,18 +140,18 @@ def create_app(celery_app: Celery) -> FastAPI:
         try:
             if is_graph(url, task_id):
                 p = graph_progress(url, task_id)
-                state, cost, error, output = p.status, p.cost, p.error, p.result
+                # A graph's states are AITP's already (PENDING, EXECUTING, COMPLETED, FAILED).
+                state, aitp, cost, error, output = p.status, p.status, p.cost, p.error, p.result
                 took = (None if p.finished_at is None
                         else (p.finished_at - p.created_at) * 1000)
             else:
                 s = task_status(url, task_id)
-                state, cost, error = s.state, s.cost_so_far, s.error
+                state, aitp, cost, error = s.state, aitp_state(s.state), s.cost_so_far, s.error
                 output = (s.result or {}).get("value")
                 took = (None if s.finished_at is None or s.started_at is None
                         else (s.finished_at - s.started_at) * 1000)
         except UnknownTaskError as exc:
             raise _not_found(exc) from None
-        aitp = aitp_state(state)
         if aitp not in FINAL:
             return JSONResponse(status_code=status.HTTP_409_CONFLICT, content=NotDone(
                 task_id=task_id, status=aitp,

@@ -10,7 +10,7 @@ from bidding.lifecycle import states
 
 #: Our states as AITP 5.1's (PENDING, EXECUTING, COMPLETED, RETRYING, FAILED): waiting for or in
 #: an auction is PENDING; COMPLETED before its output is checked is still EXECUTING; SUCCESS
-#: is COMPLETED (a task graph's final state too); ESCALATED (needs a human) is FAILED.
+#: is COMPLETED (as a task graph's final state is); ESCALATED (needs a human) is FAILED.
 AITP_STATE: dict[str, str] = {
     states.PENDING: "PENDING",
     states.BIDDING: "PENDING",
@@ -28,7 +28,7 @@ FINAL = frozenset({"COMPLETED", "FAILED"})
 
 
 def aitp_state(state: str) -> str:
-    """The AITP state of a bidding task's (or a graph's) state."""
+    """The AITP state of a bidding task's state (a task graph's states are AITP's already)."""
     return AITP_STATE.get(state, state)
 
 

@@ -263,3 +263,22 @@ def test_the_openapi_schema_declares_every_status_code(client: TestClient) -> No
     assert {"200", "401", "404"} <= codes[("/aitp/tasks/{task_id}/bids", "get")]
     assert {"200", "401"} <= codes[("/aitp/nodes", "get")]
     assert {"200", "401", "422"} <= codes[("/aitp/stats", "get")]
+
+
+def test_a_completed_graph_reads_completed_with_its_result(
+        client: TestClient, celery_app: Celery, store_url: str) -> None:
+    # given a posted one-step task whose subtask a node ran in 1.5 s
+    bluefin_beats(store_url)
+    task_id = client.post("/aitp/tasks", json=SINGLE).json()["task_id"]
+    step = client.get(f"/aitp/tasks/{task_id}").json()["progress"]["steps"][0]
+    finish(store_url, step["task_id"], '{"text": "a"}')
+    # and the node moved the graph on
+    advance(get_settings(celery_app), celery_app, task_id)
+    # when its status and result are read, then it is COMPLETED with the subtask's output
+    state = client.get(f"/aitp/tasks/{task_id}").json()
+    assert state["status"] == "COMPLETED" and state["progress"]["percent_complete"] == 100
+    result = client.get(f"/aitp/tasks/{task_id}/result")
+    assert result.status_code == 200, result.text
+    assert result.json()["status"] == "COMPLETED"
+    assert result.json()["result"] == {"text": "a"}
+    assert result.json()["execution_time_ms"] > 0
