@@ -13,6 +13,7 @@ from typing import Any
 from celery import Celery
 from fastapi import Depends, FastAPI, HTTPException, Request, status
 from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
@@ -29,14 +30,15 @@ from bidding.observe.explain import Explanation, explain
 from bidding.observe.nodes import NodeView, node_views
 from bidding.observe.stats import Stats, collect
 from bidding.observe.status import TaskStatus, task_status
-from bidding.store import store_label
+from bidding.store import ensure_schema, store_label
 
 _401: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "A token is set and the request has not got it"}}
 _404: dict[int | str, dict[str, Any]] = {
     404: {"model": Problem, "description": "No task with this id in the store"}}
 _503: dict[int | str, dict[str, Any]] = {
-    503: {"model": Problem, "description": "The store cannot be reached"}}
+    503: {"model": Problem, "description": "The store (or, for a write, the broker) cannot "
+          "be reached"}}
 
 
 class GraphBids(BaseModel):
@@ -89,8 +91,16 @@ def create_app(celery_app: Celery) -> FastAPI:
     install(celery_app)
     settings = get_settings(celery_app)
     url = settings.database_url
-    reads = [Depends(read_access(settings))]
-    writes = [Depends(write_access(settings))]
+    def store_ready() -> None:
+        # The store's schema is checked (and migrated) once per process; a store that cannot
+        # be opened (a SQLite folder that does not exist, a server down) is a 503, not a 500.
+        try:
+            ensure_schema(url)
+        except ConfigurationError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc)) from None
+
+    reads = [Depends(read_access(settings)), Depends(store_ready)]
+    writes = [Depends(write_access(settings)), Depends(store_ready)]
     api = FastAPI(title="celery-bidding AITP API", version="0.1.0",
                   description="Seed 004 section 8: submit a task definition, follow it, read "
                               "its result; every auction's bids; the nodes; the statistics.")
@@ -100,6 +110,11 @@ def create_app(celery_app: Celery) -> FastAPI:
         reason = str(exc.orig or exc).strip().splitlines()[0]
         return JSONResponse(status_code=503, content={
             "detail": f"cannot open the store {store_label(url)}: {reason}"})
+
+    @api.exception_handler(BrokerError)
+    async def broker_down(request: Request, exc: BrokerError) -> JSONResponse:
+        return JSONResponse(status_code=503, content={
+            "detail": f"cannot reach the broker: {exc}"})
 
     @api.post("/aitp/tasks", status_code=status.HTTP_201_CREATED, response_model=Submitted,
               dependencies=writes, tags=["tasks"],

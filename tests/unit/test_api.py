@@ -282,3 +282,14 @@ def test_a_completed_graph_reads_completed_with_its_result(
     assert result.json()["status"] == "COMPLETED"
     assert result.json()["result"] == {"text": "a"}
     assert result.json()["execution_time_ms"] > 0
+
+
+def test_a_store_that_cannot_be_opened_is_503_naming_it(tmp_path: Path) -> None:
+    # given an app whose store is in a folder that does not exist
+    url = f"sqlite:///{tmp_path / 'missing' / 'store.db'}"
+    client = TestClient(create_app(make_app(url)), raise_server_exceptions=False)
+    # when anything is read or written, then 503 names the store, never 500 or 422
+    for answer in (client.get("/aitp/nodes"), client.get("/aitp/stats"),
+                   client.get("/aitp/tasks/x"), client.post("/aitp/tasks", json=SINGLE)):
+        assert answer.status_code == 503, answer.text
+        assert "missing" in answer.json()["detail"]
