@@ -4,6 +4,7 @@
 bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+bidding api -A proj --port 8000                 # the AITP HTTP API
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
 """
@@ -27,7 +28,6 @@ from celery import Celery
 from celery.app.utils import find_app
 from sqlalchemy.exc import OperationalError
 
-from bidding.auction.scores import learned_trust
 from bidding.config import Settings, get_settings, load_settings
 from bidding.demo.run import OPTIONS as DEMO_OPTIONS
 from bidding.errors import BiddingError
@@ -235,19 +235,15 @@ def submit(file: str, app_name: str | None, input_json: str | None, wait: bool,
 @click.option("--json", "as_json", is_flag=True)
 def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None:
     """List the nodes that are alive now (fresh heartbeat), with their profiles."""
-    from bidding.nodes.registry import query_live_nodes
-    from bidding.store import ensure_schema
+    from bidding.observe.nodes import node_views
 
     settings = _settings(app_name, database_url)
     with _reading(settings.database_url):
-        ensure_schema(settings.database_url)
-        live = query_live_nodes(settings)
-    # Bids carry the learned trust (the profile's, moved toward the node's success rate), so
-    # show it next to the declared one: they differ as soon as the node has a record.
-    learned = {n.name: learned_trust(n.trust, n.successes, n.attempts) for n in live}
+        # Bids carry the learned trust (the profile's, moved toward the node's success rate),
+        # so it is shown next to the declared one: they differ as soon as the node has a record.
+        live = [n for n in node_views(settings) if n.live]
     if as_json:
-        click.echo(json.dumps([{**n.__dict__, "learned_trust": learned[n.name]} for n in live],
-                              indent=2, default=list))
+        click.echo(json.dumps([n.model_dump() for n in live], indent=2))
         return
     if not live:
         click.echo(f"no live nodes in the store {store_label(settings.database_url)}")
@@ -256,7 +252,7 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
     click.echo(f"{'node':<12} {'capacity':>8} {'trust':>6} {'learned':>7} {'runs':>5} "
                f"{'price':>8} {'latency':>8} {'beat':>6}  capabilities")
     for n in live:
-        click.echo(f"{n.name:<12} {n.capacity:>8} {n.trust:>6.1f} {learned[n.name]:>7.1f} "
+        click.echo(f"{n.name:<12} {n.capacity:>8} {n.trust:>6.1f} {n.learned_trust:>7.1f} "
                    f"{n.attempts:>5} {n.price_per_unit:>8g} {n.latency_ms:>5.0f} ms "
                    f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}")
 
@@ -279,6 +275,32 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
         click.echo(result.model_dump_json(indent=2))
         return
     click.echo(result.render())
+
+
+@main.command()
+@app_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True,
+              help="Port to listen on.")
+def api(app_name: str | None, host: str, port: int) -> None:
+    """Serve the AITP HTTP API (/aitp/tasks, /aitp/nodes, /aitp/stats; /docs) with uvicorn.
+
+    Needs the `api` extra (pip install 'celery-bidding[api]'). Set bidding_api_token
+    (BIDDING_API_TOKEN) to require `Authorization: Bearer <token>` on writes, and
+    bidding_api_read_token on reads too.
+    """
+    if not app_name:
+        raise click.UsageError("pass the Celery app with -A/--app (or set CELERY_APP)")
+    if importlib.util.find_spec("fastapi") is None or importlib.util.find_spec("uvicorn") is None:
+        raise click.ClickException(
+            "the HTTP API needs FastAPI and uvicorn: pip install 'celery-bidding[api]'")
+    import uvicorn
+
+    from bidding.api.app import create_app
+
+    app = _load_app(app_name)
+    _settings(app_name, None, app)  # a bad setting is refused here, in one line
+    uvicorn.run(create_app(app), host=host, port=port, log_level="info")
 
 
 @main.group()

@@ -109,6 +109,12 @@ class Settings(BaseModel):
     notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
+    #: ``bidding api``: when set, every write (POST) needs ``Authorization: Bearer <token>``
+    #: (401 without it). Reads stay open unless ``api_read_token`` is set too.
+    api_token: str | None = Field(None, min_length=1, repr=False)
+    #: ``bidding api``: when set, every read (GET) needs ``Authorization: Bearer <token>`` with
+    #: this token (or the write token).
+    api_read_token: str | None = Field(None, min_length=1, repr=False)
 
     @field_validator("allowed_strategies", mode="before")
     @classmethod

@@ -44,6 +44,12 @@ class TaskStatus(BaseModel):
     last_events: list[str]
     #: Each attempt: its node(s), how it ended and why.
     attempts: list[AttemptView] = []
+    #: When it was announced (its latest attempt), started on its node and ended (Unix time).
+    announced_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    #: The final outcome: ``{"value": ...}`` (the task's JSON result) or ``{"exception": ...}``.
+    result: dict[str, Any] | None = None
 
     def render(self) -> str:
         """Plain text for terminals."""
@@ -96,4 +102,6 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
             retry_at=row.due_at if row.state in ("RETRYING", "DEFERRED", "PENDING") else None,
             last_events=kinds,
             attempts=attempt_history(log),
+            announced_at=row.announced_at, started_at=row.started_at,
+            finished_at=row.finished_at, result=row.result,
         )

@@ -488,7 +488,8 @@ def test_help_lists_every_command() -> None:
     assert "Commands:" in result.stdout, shown(result)
     section = result.stdout.split("Commands:", 1)[1]
     listed = {line.split()[0] for line in section.splitlines() if line.startswith("  ")}
-    assert {"worker", "explain", "status", "nodes", "stats", "db", "demo", "redis"} <= listed, (
+    assert {"worker", "explain", "status", "nodes", "stats", "db", "demo", "redis",
+            "api"} <= listed, (
         shown(result))
 
 

@@ -1,0 +1,211 @@
+"""``create_app(celery_app)``: the AITP endpoints (seed 004 section 8) and the views behind
+``bidding explain``, ``bidding nodes`` and ``bidding stats``, as a FastAPI application.
+
+Every route reads the store or calls the function the command line calls: ``bidding.submit``,
+``task_status``, ``graph_progress``, ``explain``, ``node_views``, ``stats.collect``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from celery import Celery
+from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi.responses import JSONResponse
+from kombu.exceptions import OperationalError as BrokerError
+from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
+
+from bidding.api.auth import read_access, write_access
+from bidding.api.models import FINAL, NotDone, Problem, Submitted, TaskResult, TaskState, aitp_state
+from bidding.app import install
+from bidding.config import get_settings
+from bidding.errors import ConfigurationError, UnknownTaskError
+from bidding.graphs.progress import GraphProgress, graph_progress, is_graph
+from bidding.graphs.spec import TaskDefinition
+from bidding.graphs.submit import submit
+from bidding.graphs.validate import GraphValidationError
+from bidding.observe.explain import Explanation, explain
+from bidding.observe.nodes import NodeView, node_views
+from bidding.observe.stats import Stats, collect
+from bidding.observe.status import TaskStatus, task_status
+from bidding.store import ensure_schema, store_label
+
+_401: dict[int | str, dict[str, Any]] = {
+    401: {"model": Problem, "description": "A token is set and the request has not got it"}}
+_404: dict[int | str, dict[str, Any]] = {
+    404: {"model": Problem, "description": "No task with this id in the store"}}
+_503: dict[int | str, dict[str, Any]] = {
+    503: {"model": Problem, "description": "The store (or, for a write, the broker) cannot "
+          "be reached"}}
+
+
+class GraphBids(BaseModel):
+    """The bids of a task graph: each subtask's auction, by subtask id."""
+
+    task_id: str
+    subtasks: dict[str, Explanation]
+
+
+def _estimate_graph(p: GraphProgress, now: float) -> float | None:
+    if p.finished_at is not None:
+        return p.finished_at
+    done = sum(1 for s in p.steps if s.status == "COMPLETED")
+    if not done or not p.total_steps:
+        return None
+    return p.created_at + (now - p.created_at) * p.total_steps / done
+
+
+def _estimate_task(s: TaskStatus, now: float) -> float | None:
+    if s.finished_at is not None:
+        return s.finished_at
+    percent = s.progress.get("percent")
+    if not s.started_at or not isinstance(percent, (int, float)) or percent <= 0:
+        return None
+    return s.started_at + (now - s.started_at) * 100.0 / float(percent)
+
+
+def _graph_state(p: GraphProgress) -> TaskState:
+    return TaskState(
+        task_id=p.task_id, status=p.status, state=p.status,
+        progress=p.model_dump(include={"current_step", "total_steps", "percent_complete",
+                                       "steps"}),
+        current_step=p.current_step, estimated_completion=_estimate_graph(p, time.time()),
+        cost_so_far=p.cost)
+
+
+def _task_state(s: TaskStatus) -> TaskState:
+    return TaskState(
+        task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
+        current_step=1, estimated_completion=_estimate_task(s, time.time()),
+        cost_so_far=s.cost_so_far)
+
+
+def _not_found(exc: UnknownTaskError) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, detail=str(exc))
+
+
+def create_app(celery_app: Celery) -> FastAPI:
+    """The API of ``celery_app``'s federation: its store, its capability tasks."""
+    install(celery_app)
+    settings = get_settings(celery_app)
+    url = settings.database_url
+    def store_ready() -> None:
+        # The store's schema is checked (and migrated) once per process; a store that cannot
+        # be opened (a SQLite folder that does not exist, a server down) is a 503, not a 500.
+        try:
+            ensure_schema(url)
+        except ConfigurationError as exc:
+            raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, detail=str(exc)) from None
+
+    reads = [Depends(read_access(settings)), Depends(store_ready)]
+    writes = [Depends(write_access(settings)), Depends(store_ready)]
+    api = FastAPI(title="celery-bidding AITP API", version="0.1.0",
+                  description="Seed 004 section 8: submit a task definition, follow it, read "
+                              "its result; every auction's bids; the nodes; the statistics.")
+
+    @api.exception_handler(OperationalError)
+    async def store_down(request: Request, exc: OperationalError) -> JSONResponse:
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        return JSONResponse(status_code=503, content={
+            "detail": f"cannot open the store {store_label(url)}: {reason}"})
+
+    @api.exception_handler(BrokerError)
+    async def broker_down(request: Request, exc: BrokerError) -> JSONResponse:
+        return JSONResponse(status_code=503, content={
+            "detail": f"cannot reach the broker: {exc}"})
+
+    @api.post("/aitp/tasks", status_code=status.HTTP_201_CREATED, response_model=Submitted,
+              dependencies=writes, tags=["tasks"],
+              responses={**_401, **_503, 422: {
+                  "model": Problem, "description": "The definition does not validate, or "
+                  "cannot run (the detail names the subtask and field)"}})
+    def submit_task(definition: TaskDefinition) -> Submitted:
+        """AITP 8.1: validate the definition, record it and announce what can start."""
+        try:
+            handle = submit(definition, app=celery_app)
+        except GraphValidationError as exc:
+            raise HTTPException(422, detail=[
+                {"loc": ["body"], "msg": e, "type": "invalid_definition"}
+                for e in exc.errors]) from None
+        except ConfigurationError as exc:
+            raise HTTPException(422, detail=[
+                {"loc": ["body"], "msg": str(exc), "type": "invalid_definition"}]) from None
+        progress = graph_progress(url, handle.id)
+        return Submitted(task_id=handle.id, status=progress.status,
+                         created_at=progress.created_at)
+
+    @api.get("/aitp/tasks/{task_id}", response_model=TaskState, dependencies=reads,
+             tags=["tasks"], responses={**_401, **_404, **_503})
+    def get_task(task_id: str) -> TaskState:
+        """AITP 8.2: a submitted task graph, or a bidding task (``.delay()``) by its id."""
+        try:
+            if is_graph(url, task_id):
+                return _graph_state(graph_progress(url, task_id))
+            return _task_state(task_status(url, task_id))
+        except UnknownTaskError as exc:
+            raise _not_found(exc) from None
+
+    @api.get("/aitp/tasks/{task_id}/result", response_model=TaskResult, dependencies=reads,
+             tags=["tasks"], responses={**_401, **_404, **_503, 409: {
+                 "model": NotDone, "description": "The task has not ended yet"}})
+    def get_result(task_id: str) -> TaskResult | JSONResponse:
+        """AITP 8.3: the outcome of a task that ended; 409 while it runs."""
+        try:
+            if is_graph(url, task_id):
+                p = graph_progress(url, task_id)
+                # A graph's states are AITP's already (PENDING, EXECUTING, COMPLETED, FAILED).
+                state, aitp, cost, error, output = p.status, p.status, p.cost, p.error, p.result
+                took = (None if p.finished_at is None
+                        else (p.finished_at - p.created_at) * 1000)
+            else:
+                s = task_status(url, task_id)
+                state, aitp, cost, error = s.state, aitp_state(s.state), s.cost_so_far, s.error
+                output = (s.result or {}).get("value")
+                took = (None if s.finished_at is None or s.started_at is None
+                        else (s.finished_at - s.started_at) * 1000)
+        except UnknownTaskError as exc:
+            raise _not_found(exc) from None
+        if aitp not in FINAL:
+            return JSONResponse(status_code=status.HTTP_409_CONFLICT, content=NotDone(
+                task_id=task_id, status=aitp,
+                detail=f"task {task_id} is {aitp} ({state}): not done yet").model_dump())
+        return TaskResult(task_id=task_id, status=aitp,
+                          result=output if aitp == "COMPLETED" else None, cost=cost,
+                          execution_time_ms=took, error=error if aitp == "FAILED" else None)
+
+    @api.get("/aitp/tasks/{task_id}/bids", response_model=Explanation | GraphBids,
+             dependencies=reads, tags=["auctions"], responses={**_401, **_404, **_503})
+    def get_bids(task_id: str) -> Explanation | GraphBids:
+        """Every bid of the task's auction, its score breakdown, the strategy and the winner
+        (``bidding explain --json``); for a task graph, each started subtask's."""
+        try:
+            if is_graph(url, task_id):
+                p = graph_progress(url, task_id)
+                found: dict[str, Explanation] = {}
+                for step in p.steps:
+                    try:
+                        found[step.step_id] = explain(step.task_id, app=celery_app,
+                                                      database_url=url)
+                    except UnknownTaskError:
+                        continue  # not announced yet
+                return GraphBids(task_id=task_id, subtasks=found)
+            return explain(task_id, app=celery_app, database_url=url)
+        except UnknownTaskError as exc:
+            raise _not_found(exc) from None
+
+    @api.get("/aitp/nodes", response_model=list[NodeView], dependencies=reads, tags=["nodes"],
+             responses={**_401, **_503})
+    def get_nodes() -> list[NodeView]:
+        """Every node in the store: profile, live or not, load, learned trust, tasks won,
+        success rate."""
+        return node_views(settings)
+
+    @api.get("/aitp/stats", response_model=Stats, dependencies=reads, tags=["nodes"],
+             responses={**_401, **_503})
+    def get_stats(since: float = 0.0) -> Stats:
+        """``bidding stats``: tasks per node, success rate, assignment latency p50/p99."""
+        return collect(url, since)
+
+    return api

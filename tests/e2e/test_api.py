@@ -1,0 +1,144 @@
+"""End-to-end test of ``bidding api``: a real API process with real node workers behind it.
+
+An embedded Redis (broker and result backend), a SQLite store, three ``bidding worker`` nodes
+of the demo app (bluefin extracts text, redfin analyses it, tpm aggregates) and ``bidding api``
+on a free port, each started from the repository root as an operator would. The test talks to
+the API over HTTP only: it posts seed 004's research-paper definition and follows it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from bidding.config import load_settings
+from bidding.nodes.embedded import free_port
+from bidding.nodes.federation import Federation
+from tests.e2e.test_flower import Services, clean_env, services, wait_until
+
+__all__ = ["services"]  # the fixture, shared with test_flower
+
+pytestmark = pytest.mark.e2e
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NODES = ("bluefin", "redfin", "tpm")
+TOKEN = "e2e-token"
+
+
+@pytest.fixture
+def federation(services: Services, tmp_path: Path) -> Iterator[Federation]:
+    """The demo's nodes that cover the paper's three capabilities, heartbeating."""
+    nodes = Federation(app="bidding.demo.app", env=services.env(), log_dir=tmp_path / "logs",
+                       concurrency=1, cwd=REPO_ROOT)
+    try:
+        nodes.start([REPO_ROOT / "workers" / f"{n}.toml" for n in NODES])
+        nodes.wait_live(load_settings({"bidding_database_url": services.database}, environ={}))
+        yield nodes
+    finally:
+        nodes.stop()
+        from bidding.nodes.registry import invalidate_cache
+        from bidding.store import dispose_all
+
+        dispose_all()
+        invalidate_cache()
+
+
+@pytest.fixture
+def api_url(services: Services, federation: Federation, tmp_path: Path) -> Iterator[str]:
+    """``bidding api -A bidding.demo.app`` on a free loopback port, writes behind a token."""
+    port = free_port()
+    log = tmp_path / "logs" / "api.log"
+    env = clean_env(**services.env(), BIDDING_API_TOKEN=TOKEN)
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "bidding.cli", "api", "-A", "bidding.demo.app",
+             "--host", "127.0.0.1", "--port", str(port)],
+            cwd=REPO_ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"bidding api exited with {process.returncode}:\n{log.read_text()}")
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/openapi.json", timeout=2).status_code == 200
+        return False
+
+    try:
+        if not wait_until(answers, timeout=30):
+            pytest.fail(f"bidding api did not answer within 30 s:\n{log.read_text()}")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(api_url: str) -> None:
+    paper: dict[str, Any] = yaml.safe_load(
+        (REPO_ROOT / "examples" / "graphs" / "research_paper.yaml").read_text())
+    with httpx.Client(base_url=api_url, timeout=10) as http:
+        # given the API lists the three live nodes
+        nodes = {n["name"]: n for n in http.get("/aitp/nodes").json()}
+        assert all(nodes[n]["live"] for n in NODES), nodes
+
+        # when the paper's definition is posted without the token, then it is refused
+        assert http.post("/aitp/tasks", json=paper).status_code == 401
+
+        # when it is posted with the token
+        created = http.post("/aitp/tasks", json=paper,
+                            headers={"Authorization": f"Bearer {TOKEN}"})
+        # then it is created
+        assert created.status_code == 201, created.text
+        task_id = created.json()["task_id"]
+
+        # and its status, polled, reaches COMPLETED
+        seen: list[str] = []
+
+        def completed() -> bool:
+            state = http.get(f"/aitp/tasks/{task_id}").json()
+            seen.append(state["status"])
+            assert state["status"] != "FAILED", state
+            return bool(state["status"] == "COMPLETED")
+
+        assert wait_until(completed, timeout=60), (
+            seen[-1], http.get(f"/aitp/tasks/{task_id}").json()["progress"],
+            http.get(f"/aitp/tasks/{task_id}/bids").json())
+        final = http.get(f"/aitp/tasks/{task_id}").json()
+        assert final["current_step"] == 3 and final["progress"]["percent_complete"] == 100
+
+        # when its result is read
+        result = http.get(f"/aitp/tasks/{task_id}/result")
+        # then it has the aggregated output, its cost and how long it took
+        assert result.status_code == 200, result.text
+        body = result.json()
+        assert body["status"] == "COMPLETED" and body["error"] is None
+        assert set(body["result"]) >= {"hypothesis", "methodology", "results"}
+        assert body["cost"] > 0
+        assert body["execution_time_ms"] > 0
+
+        # and each subtask's auction shows its winner among the bids
+        bids = http.get(f"/aitp/tasks/{task_id}/bids").json()["subtasks"]
+        assert {step: auction["winner"] for step, auction in bids.items()} == {
+            "subtask_1": "bluefin", "subtask_2": "redfin", "subtask_3": "tpm"}
+
+        # and the stats and nodes count the three awards
+        stats = http.get("/aitp/stats").json()
+        assert stats["succeeded"] == 3
+        won = {n["name"]: n["tasks_won"] for n in http.get("/aitp/nodes").json()}
+        assert won == {"bluefin": 1, "redfin": 1, "tpm": 1}

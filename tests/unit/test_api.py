@@ -1,0 +1,295 @@
+"""The HTTP API (issue 13) through its ASGI app: a SQLite store, a memory:// broker, no worker."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+from fastapi.testclient import TestClient
+
+import bidding
+from bidding.api.app import create_app
+from bidding.config import celery_conf, get_settings, load_settings
+from bidding.graphs.advance import advance
+from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.profile import load_profile
+from bidding.nodes.registry import invalidate_cache
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: A task without subtasks: one auction for the capability.
+SINGLE: dict[str, Any] = {
+    "name": "Extract one paper",
+    "agent_capability": "pdf_text_extraction",
+    "input": {"type": "object", "required": ["paper_pdf_url"],
+              "properties": {"paper_pdf_url": {"type": "string"}}},
+    "input_values": {"paper_pdf_url": "https://example.org/a.pdf"},
+}
+
+
+def make_app(store_url: str, **conf: Any) -> Celery:
+    app = Celery("api", set_as_current=False)
+    app.conf.update(celery_conf("memory://", "cache+memory://"),
+                    bidding_database_url=store_url, **conf)
+
+    @app.task(shared=False, base=bidding.BiddingTask, name="t.extract",
+              capability="pdf_text_extraction")
+    def extract(paper_pdf_url: str) -> dict[str, Any]:
+        return {"text": paper_pdf_url}
+
+    return app
+
+
+@pytest.fixture
+def celery_app(store_url: str) -> Celery:
+    invalidate_cache()
+    return make_app(store_url)
+
+
+@pytest.fixture
+def client(celery_app: Celery) -> TestClient:
+    return TestClient(create_app(celery_app))
+
+
+def bluefin_beats(store_url: str) -> None:
+    """Node bluefin (pdf_text_extraction) is alive: auctions stay open, waiting for its bid."""
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    heartbeat(settings, load_profile(REPO / "workers" / "bluefin.toml"))
+    invalidate_cache()
+
+
+def finish(store_url: str, task_id: str, value: Any) -> None:
+    """The task's node ran it: SUCCESS with its value, started 1.5 s before it ended."""
+    now = time.time()
+    with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+        conn.execute("UPDATE bidding_announcements SET state = 'SUCCESS', started_at = ?, "
+                     "finished_at = ?, result = json(?) WHERE task_id = ?",
+                     (now - 1.5, now, f'{{"value": {value}}}', task_id))
+    conn.close()
+
+
+def test_a_submitted_definition_is_created_and_then_readable(
+        client: TestClient, store_url: str) -> None:
+    # given a live node that can extract text
+    bluefin_beats(store_url)
+    # when a one-step definition is posted
+    created = client.post("/aitp/tasks", json=SINGLE)
+    # then it is created, EXECUTING (its step is announced), with its id and time
+    assert created.status_code == 201, created.text
+    body = created.json()
+    assert body["status"] == "EXECUTING"
+    assert body["created_at"] == pytest.approx(time.time(), abs=30)
+    # and GET shows it, its one step announced and no cost yet
+    state = client.get(f"/aitp/tasks/{body['task_id']}")
+    assert state.status_code == 200, state.text
+    shown = state.json()
+    assert shown["task_id"] == body["task_id"]
+    assert shown["status"] == "EXECUTING"
+    assert shown["progress"]["steps"][0]["status"] == "BIDDING"
+    assert shown["current_step"] == 1 and shown["cost_so_far"] == 0
+    assert shown["progress"]["total_steps"] == 1
+    assert shown["progress"]["steps"][0]["agent_capability"] == "pdf_text_extraction"
+    assert shown["estimated_completion"] is None
+    # and its result is not there yet: 409, saying so
+    result = client.get(f"/aitp/tasks/{body['task_id']}/result")
+    assert result.status_code == 409, result.text
+    assert "not done" in result.json()["detail"]
+    # and its bids are its subtask's auction (bluefin asked, no answer yet)
+    bids = client.get(f"/aitp/tasks/{body['task_id']}/bids")
+    assert bids.status_code == 200, bids.text
+    (auction,) = bids.json()["subtasks"].values()
+    assert auction["candidates"] == ["bluefin"] and auction["state"] == "BIDDING"
+
+
+def test_a_plain_bidding_task_is_read_by_its_id(
+        client: TestClient, celery_app: Celery, store_url: str) -> None:
+    # given a .delay() task whose auction is open
+    bluefin_beats(store_url)
+    task_id = celery_app.tasks["t.extract"].delay("https://example.org/b.pdf").id
+    # when its status is read, then it is PENDING (bidding) and not done
+    state = client.get(f"/aitp/tasks/{task_id}")
+    assert state.status_code == 200, state.text
+    assert (state.json()["status"], state.json()["state"]) == ("PENDING", "BIDDING")
+    assert client.get(f"/aitp/tasks/{task_id}/result").status_code == 409
+    # and its bids are `bidding explain --json`
+    bids = client.get(f"/aitp/tasks/{task_id}/bids").json()
+    assert bids["task_id"] == task_id and bids["strategy"] == "weighted"
+    # given its node ran it in 1.5 s
+    finish(store_url, task_id, '{"text": "b"}')
+    # when its result is read, then it is COMPLETED with the task's value and its time
+    result = client.get(f"/aitp/tasks/{task_id}/result")
+    assert result.status_code == 200, result.text
+    got = result.json()
+    assert got["status"] == "COMPLETED" and got["result"] == {"text": "b"}
+    assert got["execution_time_ms"] == pytest.approx(1500, abs=5)
+    assert got["cost"] == 0 and got["error"] is None
+    assert client.get(f"/aitp/tasks/{task_id}").json()["status"] == "COMPLETED"
+
+
+def test_a_task_that_found_no_node_has_failed_with_its_reason(
+        client: TestClient, celery_app: Celery) -> None:
+    # given no live node at all
+    # when a definition is posted, then it is accepted, and its only step fails at once
+    created = client.post("/aitp/tasks", json=SINGLE)
+    assert created.status_code == 201, created.text
+    task_id = created.json()["task_id"]
+    # and a node's sweeper moves the task on (fails it for its step)
+    advance(get_settings(celery_app), celery_app, task_id)
+    # then its result is final: FAILED, naming why
+    result = client.get(f"/aitp/tasks/{task_id}/result")
+    assert result.status_code == 200, result.text
+    assert result.json()["status"] == "FAILED"
+    assert "No bidders registered" in result.json()["error"]
+    assert result.json()["result"] is None
+
+
+@pytest.mark.parametrize("path", ["/aitp/tasks/nope", "/aitp/tasks/nope/result",
+                                  "/aitp/tasks/nope/bids"])
+def test_an_unknown_id_is_404(client: TestClient, path: str) -> None:
+    # given an id nothing was submitted under, when it is read, then 404 names it
+    answer = client.get(path)
+    assert answer.status_code == 404, answer.text
+    assert "nope" in answer.json()["detail"]
+
+
+def test_a_definition_that_does_not_validate_is_422_naming_the_field(
+        client: TestClient) -> None:
+    # given a definition whose subtask lacks its capability
+    bad = {"name": "x", "subtasks": [{"subtask_id": "s1", "name": "one"}]}
+    # when it is posted, then 422 names the subtask's field
+    answer = client.post("/aitp/tasks", json=bad)
+    assert answer.status_code == 422, answer.text
+    locs = [e["loc"] for e in answer.json()["detail"]]
+    assert ["body", "subtasks", 0, "agent_capability"] in locs
+    # given a definition without a name, then 422 names it
+    nameless = client.post("/aitp/tasks", json={"agent_capability": "pdf_text_extraction"})
+    assert nameless.status_code == 422
+    assert ["body", "name"] in [e["loc"] for e in nameless.json()["detail"]]
+    # given a body that is not an object, then 422 too, never 500
+    assert client.post("/aitp/tasks", json=[1, 2]).status_code == 422
+
+
+def test_a_definition_that_cannot_run_is_422_naming_the_subtask(client: TestClient) -> None:
+    # given a subtask asking for a capability no task of the app implements
+    spec = {"name": "x", "subtasks": [
+        {"subtask_id": "s1", "name": "one", "agent_capability": "telepathy"}]}
+    # when it is posted, then 422 names the subtask and the capability
+    answer = client.post("/aitp/tasks", json=spec)
+    assert answer.status_code == 422, answer.text
+    message = " ".join(e["msg"] for e in answer.json()["detail"])
+    assert "s1" in message and "telepathy" in message
+    # given a required input value missing, then 422 names the input field
+    missing = client.post("/aitp/tasks", json={**SINGLE, "input_values": {}})
+    assert missing.status_code == 422, missing.text
+    assert "paper_pdf_url" in str(missing.json()["detail"])
+
+
+def test_writes_need_the_token_when_it_is_set(store_url: str) -> None:
+    # given an API token
+    client = TestClient(create_app(make_app(store_url, bidding_api_token="s3cret")))
+    # when a definition is posted without it, or with a wrong one, then 401
+    assert client.post("/aitp/tasks", json=SINGLE).status_code == 401
+    wrong = client.post("/aitp/tasks", json=SINGLE, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    assert wrong.headers["WWW-Authenticate"] == "Bearer"
+    # when it is posted with the token, then it is created
+    ok = client.post("/aitp/tasks", json=SINGLE, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 201, ok.text
+    # and reads stay open
+    assert client.get(f"/aitp/tasks/{ok.json()['task_id']}").status_code == 200
+    assert client.get("/aitp/nodes").status_code == 200
+
+
+def test_reads_need_a_token_when_the_read_token_is_set(store_url: str) -> None:
+    # given a write token and a read token
+    client = TestClient(create_app(make_app(store_url, bidding_api_token="w",
+                                            bidding_api_read_token="r")))
+    # when the stats are read without a token, then 401
+    assert client.get("/aitp/stats").status_code == 401
+    # when they are read with either token, then they are shown
+    for token in ("r", "w"):
+        answer = client.get("/aitp/stats", headers={"Authorization": f"Bearer {token}"})
+        assert answer.status_code == 200, answer.text
+    # and the read token does not allow writes
+    denied = client.post("/aitp/tasks", json=SINGLE, headers={"Authorization": "Bearer r"})
+    assert denied.status_code == 401
+
+
+def test_nodes_show_profile_liveness_load_trust_wins_and_success_rate(
+        client: TestClient, store_url: str) -> None:
+    # given bluefin alive, with 4 finished attempts of which 1 succeeded
+    bluefin_beats(store_url)
+    with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+        conn.execute("UPDATE bidding_nodes SET attempts = 4, successes = 1")
+    conn.close()
+    # when the nodes are listed
+    answer = client.get("/aitp/nodes")
+    assert answer.status_code == 200, answer.text
+    (node,) = answer.json()
+    # then bluefin is live, idle, with its profile, learned trust and record
+    assert node["name"] == "bluefin" and node["live"] is True and node["status"] == "online"
+    assert "pdf_text_extraction" in node["capabilities"]
+    assert node["load"] == 0 and node["in_flight"] == 0 and node["tasks_won"] == 0
+    assert node["success_rate"] == 0.25
+    # and its learned trust moved from its declared 75 toward 25%: (75 x 10 + 100) / 14
+    assert node["trust"] == 75 and node["learned_trust"] == pytest.approx(60.7, abs=0.05)
+
+
+def test_stats_are_those_of_bidding_stats(client: TestClient, store_url: str) -> None:
+    # given one announced task
+    bluefin_beats(store_url)
+    assert client.post("/aitp/tasks", json=SINGLE).status_code == 201
+    # when the stats are read, then it is counted, unfinished
+    stats = client.get("/aitp/stats").json()
+    assert (stats["announced"], stats["unfinished"]) == (1, 1)
+    # and ?since= after it leaves it out
+    assert client.get("/aitp/stats", params={"since": time.time() + 60}).json()[
+        "announced"] == 0
+
+
+def test_the_openapi_schema_declares_every_status_code(client: TestClient) -> None:
+    # when the schema is read
+    paths = client.get("/openapi.json").json()["paths"]
+    codes = {(path, method): set(op["responses"]) for path, ops in paths.items()
+             for method, op in ops.items()}
+    # then each endpoint declares what it answers
+    assert {"201", "401", "422", "503"} <= codes[("/aitp/tasks", "post")]
+    assert {"200", "401", "404", "503"} <= codes[("/aitp/tasks/{task_id}", "get")]
+    assert {"200", "401", "404", "409", "503"} <= codes[("/aitp/tasks/{task_id}/result", "get")]
+    assert {"200", "401", "404"} <= codes[("/aitp/tasks/{task_id}/bids", "get")]
+    assert {"200", "401"} <= codes[("/aitp/nodes", "get")]
+    assert {"200", "401", "422"} <= codes[("/aitp/stats", "get")]
+
+
+def test_a_completed_graph_reads_completed_with_its_result(
+        client: TestClient, celery_app: Celery, store_url: str) -> None:
+    # given a posted one-step task whose subtask a node ran in 1.5 s
+    bluefin_beats(store_url)
+    task_id = client.post("/aitp/tasks", json=SINGLE).json()["task_id"]
+    step = client.get(f"/aitp/tasks/{task_id}").json()["progress"]["steps"][0]
+    finish(store_url, step["task_id"], '{"text": "a"}')
+    # and the node moved the graph on
+    advance(get_settings(celery_app), celery_app, task_id)
+    # when its status and result are read, then it is COMPLETED with the subtask's output
+    state = client.get(f"/aitp/tasks/{task_id}").json()
+    assert state["status"] == "COMPLETED" and state["progress"]["percent_complete"] == 100
+    result = client.get(f"/aitp/tasks/{task_id}/result")
+    assert result.status_code == 200, result.text
+    assert result.json()["status"] == "COMPLETED"
+    assert result.json()["result"] == {"text": "a"}
+    assert result.json()["execution_time_ms"] > 0
+
+
+def test_a_store_that_cannot_be_opened_is_503_naming_it(tmp_path: Path) -> None:
+    # given an app whose store is in a folder that does not exist
+    url = f"sqlite:///{tmp_path / 'missing' / 'store.db'}"
+    client = TestClient(create_app(make_app(url)), raise_server_exceptions=False)
+    # when anything is read or written, then 503 names the store, never 500 or 422
+    for answer in (client.get("/aitp/nodes"), client.get("/aitp/stats"),
+                   client.get("/aitp/tasks/x"), client.post("/aitp/tasks", json=SINGLE)):
+        assert answer.status_code == 503, answer.text
+        assert "missing" in answer.json()["detail"]
