@@ -59,34 +59,37 @@ def _run(task: Any, value: Any, seconds: float) -> dict[str, Any]:
     return {"node": str(task.request.hostname).split("@")[0], "value": value}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="shared_work",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="shared_work",
           required_skills=["shared"])
 def shared(self: Any, value: Any, seconds: float = 0.0) -> dict[str, Any]:
     """Work every test node can do."""
     return _run(self, value, seconds)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="gpu_work", required_skills=["gpu"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="gpu_work", required_skills=["gpu"])
 def gpu(self: Any, value: Any) -> dict[str, Any]:
     """Work only the gpu node can do."""
     return _run(self, value, 0.0)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="phantom_work",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="phantom_work",
           required_skills=["phantom"])
 def phantom(self: Any, value: Any) -> dict[str, Any]:
     """Work only a node without a consumer (the ghost) claims to do."""
     return _run(self, value, 0.0)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="failing", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="failing", required_skills=["shared"])
 def failing(self: Any, message: str) -> None:
     """Raises on the node: the failure reaches the caller and is recorded."""
     counters().incr(f"exec:{self.request.id}")
     raise ValueError(message)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="flaky", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="flaky", required_skills=["shared"])
 def flaky(self: Any, key: str, fail_times: int) -> dict[str, Any]:
     """Fails its first ``fail_times`` attempts (counted across nodes), then succeeds."""
     n = counters().incr(f"attempts:{key}")
@@ -96,7 +99,8 @@ def flaky(self: Any, key: str, fail_times: int) -> dict[str, Any]:
     return {"node": str(self.request.hostname).split("@")[0], "attempts": n}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="slow", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="slow", required_skills=["shared"])
 def slow(self: Any, key: str, seconds: float) -> dict[str, Any]:
     """Counts how often it starts and how often it runs to completion."""
     counters().incr(f"started:{key}")
@@ -106,27 +110,31 @@ def slow(self: Any, key: str, seconds: float) -> dict[str, Any]:
     return {"node": str(self.request.hostname).split("@")[0]}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="sleepy", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="sleepy", required_skills=["shared"])
 def sleepy(self: Any, seconds: float) -> dict[str, Any]:
     """Sleeps; with a soft time limit shorter than ``seconds`` it times out."""
     time.sleep(seconds)
     return {"node": str(self.request.hostname).split("@")[0], "slept": seconds}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="metered", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="metered", required_skills=["shared"])
 def metered(self: Any, units: float) -> str:
     """Reports the units it consumed (its cost is the node's price times units)."""
     self.report_units(units)
     return "done"
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="shaped", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="shaped", required_skills=["shared"])
 def shaped(self: Any, value: Any) -> dict[str, Any]:
     """Returns ``{"value": value}``: valid or not against a schema, depending on ``value``."""
     return {"value": value}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="steps", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="steps", required_skills=["shared"])
 def steps(self: Any, n: int, pause: float) -> int:
     """Reports progress after each of ``n`` steps."""
     for i in range(1, n + 1):
@@ -135,7 +143,8 @@ def steps(self: Any, n: int, pause: float) -> int:
     return n
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="retrying", required_skills=["shared"],
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="retrying", required_skills=["shared"],
           max_retries=5)
 def retrying(self: Any, key: str, times: int) -> dict[str, Any]:
     """Calls self.retry(countdown=0.3) ``times`` times, as Celery users do."""
@@ -146,20 +155,22 @@ def retrying(self: Any, key: str, times: int) -> dict[str, Any]:
     return {"node": str(self.request.hostname).split("@")[0], "attempts": n}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="late", required_skills=["late_skill"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="late", required_skills=["late_skill"])
 def late(self: Any, value: Any) -> dict[str, Any]:
     """Only a node that joins later can do this."""
     return _run(self, value, 0.0)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="ghostly",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="ghostly",
           required_skills=["shared", "ghostly"])
 def ghostly(self: Any, value: Any) -> dict[str, Any]:
     """The ghost (a node that bids but never runs anything) matches this best."""
     return _run(self, value, 0.0)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="stubborn", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="stubborn", required_skills=["shared"])
 def stubborn(self: Any, seconds: float) -> str:
     """Ignores its soft time limit, so only the hard limit stops it."""
     from celery.exceptions import SoftTimeLimitExceeded
@@ -171,20 +182,23 @@ def stubborn(self: Any, seconds: float) -> str:
     return "finished"
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="total", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="total", required_skills=["shared"])
 def total(self: Any, parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The sum of ``shared``'s values (a chord's body, or the next link of a chain)."""
     return _run(self, sum(part["value"] for part in parts), 0.0)
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="remember", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="remember", required_skills=["shared"])
 def remember(self: Any, task_id: str, key: str) -> str:
     """An errback (``link_error``): keeps the id of the task that failed, under ``key``."""
     counters().rpush(key, task_id)
     return task_id
 
 
-@app.task(base=bidding.BiddingTask, bind=True, task_type="countdown", required_skills=["shared"],
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="countdown", required_skills=["shared"],
           max_retries=2)
 def countdown(self: Any, key: str, n: int) -> list[int]:
     """Retries itself with ``n - 1`` (``self.retry(args=...)``) until ``n`` is 0."""
@@ -197,7 +211,7 @@ def countdown(self: Any, key: str, n: int) -> list[int]:
 # --- AITP capabilities (task graphs, issue 12): every test node can run them ("shared") ------
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="pdf_text_extraction",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, capability="pdf_text_extraction",
           required_skills=["shared"])
 def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str, Any]:
     """Seed 004's subtask 1: the 'text' is made from the URL; says what type max_pages had."""
@@ -207,7 +221,7 @@ def extract_text(self: Any, paper_pdf_url: str, max_pages: int = 50) -> dict[str
             "max_pages_type": type(max_pages).__name__}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="nlp_analysis",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, capability="nlp_analysis",
           required_skills=["shared"])
 def analyze_text(self: Any, text: str) -> dict[str, Any]:
     """Seed 004's subtask 2: the longest words of the text."""
@@ -215,7 +229,7 @@ def analyze_text(self: Any, text: str) -> dict[str, Any]:
     return {"analysis": sorted(set(text.split()), key=lambda w: (-len(w), w))[:3]}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="orchestration",
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, capability="orchestration",
           required_skills=["shared"])
 def aggregate(self: Any, raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
     """Seed 004's subtask 3."""
@@ -224,7 +238,8 @@ def aggregate(self: Any, raw_text: str, nlp_results: list[str]) -> dict[str, Any
             "methodology": f"read {len(raw_text.split())} words", "limitations": "none"}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="it_echo", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          capability="it_echo", required_skills=["shared"])
 def echo(self: Any, value: Any, key: str = "") -> dict[str, Any]:
     """Returns its value; counts its runs under ``ran:<key>``."""
     if key:
@@ -232,7 +247,8 @@ def echo(self: Any, value: Any, key: str = "") -> dict[str, Any]:
     return {"value": value, "node": str(self.request.hostname).split("@")[0]}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="it_sleep", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          capability="it_sleep", required_skills=["shared"])
 def nap(self: Any, seconds: float, label: str, key: str = "") -> dict[str, Any]:
     """Sleeps ``seconds``; returns its label and node; counts finished naps under
     ``napped:<key>``."""
@@ -242,7 +258,8 @@ def nap(self: Any, seconds: float, label: str, key: str = "") -> dict[str, Any]:
     return {"label": label, "node": str(self.request.hostname).split("@")[0]}
 
 
-@app.task(base=bidding.BiddingTask, bind=True, capability="it_fail", required_skills=["shared"])
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          capability="it_fail", required_skills=["shared"])
 def broken(self: Any, message: str) -> dict[str, Any]:
     """Always fails with ``message``."""
     raise ValueError(message)
