@@ -9,8 +9,6 @@ the API over HTTP only: it posts seed 004's research-paper definition and follow
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +19,7 @@ import httpx
 import pytest
 import yaml
 
+from bench.common.processes import stop_process
 from bidding.config import load_settings
 from bidding.nodes.embedded import free_port
 from bidding.nodes.federation import Federation
@@ -79,14 +78,7 @@ def api_url(services: Services, federation: Federation, tmp_path: Path) -> Itera
             pytest.fail(f"bidding api did not answer within 30 s:\n{log.read_text()}")
         yield url
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(api_url: str) -> None:

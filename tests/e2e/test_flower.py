@@ -8,11 +8,9 @@ tasks with plain ``.delay()`` and reads what Flower's REST API shows about them.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -24,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.common.processes import stop_process
 from bidding.config import load_settings
 from bidding.nodes.embedded import EmbeddedRedis, free_port
 from bidding.nodes.federation import Federation
@@ -163,14 +162,7 @@ def flower(services: Services, federation: Federation, tmp_path: Path) -> Iterat
             pytest.fail(f"flower did not see both nodes within 30 s: {seen}\n{running.tail()}")
         yield running
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
+        stop_process(process)
 
 
 @pytest.fixture

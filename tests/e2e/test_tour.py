@@ -18,8 +18,7 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ import pytest
 
 from bidding.nodes.embedded import port_is_free
 from tests.conftest import require
+from tests.e2e.test_flower import clean_env, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -78,21 +78,8 @@ def argv(command: str) -> list[str]:
 
 def tour_env() -> dict[str, str]:
     """A newcomer's environment: no Celery, bidding or Flower settings; this checkout first."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CELERY_", "BIDDING_", "FLOWER_"))}
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    return env
-
-
-def wait_until(probe: Callable[[], Any], timeout: float, interval: float = 0.5) -> Any:
-    """Call ``probe()`` until it returns something truthy; its last answer after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = probe()
-        if answer or time.monotonic() > deadline:
-            return answer
-        time.sleep(interval)
+    return clean_env(PYTHONPATH=os.pathsep.join(
+        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p))
 
 
 @dataclass

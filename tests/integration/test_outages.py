@@ -18,8 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-import sqlalchemy as sa
 
+from bench.chaos.chaos import restart_store
 from bench.common.redis_server import PrivateRedis
 from bidding.store import read_session
 from bidding.store.schema import Announcement
@@ -118,20 +118,9 @@ def pg_cluster(tmp_path_factory: pytest.TempPathFactory, redis_broker: str) -> I
 
 
 def store_down(url: str, seconds: float) -> None:
-    """The store's database refuses connections and loses the open ones for ``seconds``."""
-    name = sa.engine.make_url(url).database
-    admin = sa.create_engine(POSTGRES_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
-            conn.execute(sa.text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                                 "WHERE datname = :name AND pid <> pg_backend_pid()"),
-                         {"name": name})
-        time.sleep(seconds)
-    finally:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
-        admin.dispose()
+    """The store's database refuses connections and loses the open ones for ``seconds``
+    (the soak's store restart, in its database mode)."""
+    restart_store("database", url, POSTGRES_URL, seconds)
 
 
 def test_a_task_that_finishes_while_the_store_restarts_still_succeeds(
