@@ -220,14 +220,7 @@ def _await_nodes(session: Session, settings: Settings, rfp: Announcement, nodes:
                    f"right now; waiting for {', '.join(nodes)} (offline for less than "
                    f"{settings.liveness_grace:g}s: reconnecting to the broker)"),
         "retry_in_s": wait, "deferrals": rfp.deferrals, "waiting_for": nodes}
-    if new:
-        session.add(_row(rfp, states.DEFERRED, [], due_at=due))
-        journal.record(session, rfp.task_id, journal.DEFERRED, attempt=rfp.attempt, at=now,
-                       **detail)
-        return True
-    return transition(session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
-                      from_states=states.DUE_STATES, expect_attempt=rfp.attempt, detail=detail,
-                      due_at=due)
+    return _to_deferred(session, rfp, None, detail, now, due, new=new)
 
 
 def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
@@ -250,14 +243,22 @@ def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
     detail: dict[str, Any] = {
         "reason": "no live node offers " + (", ".join(rfp.required_skills) or "any skill"),
         "retry_in_s": fb.defer_seconds, "deferrals": later.deferrals}
+    return _to_deferred(session, rfp, later, detail, now, due, new=new)
+
+
+def _to_deferred(session: Session, rfp: Announcement, later: Announcement | None,
+                 detail: dict[str, Any], now: float, due: float, *, new: bool) -> bool:
+    """Enter DEFERRED until ``due``: a new task gets its row and message, a due one moves by
+    compare-and-set. ``later``: the spec to announce then (None: ``rfp``'s, unchanged)."""
     if new:
-        session.add(_row(later, states.DEFERRED, [], due_at=due))
+        session.add(_row(later or rfp, states.DEFERRED, [], due_at=due))
         journal.record(session, rfp.task_id, journal.DEFERRED, attempt=rfp.attempt, at=now,
                        **detail)
         return True
+    spec: dict[str, Any] = {} if later is None else {"spec": later.model_dump(mode="json")}
     return transition(session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
                       from_states=states.DUE_STATES, expect_attempt=rfp.attempt, detail=detail,
-                      spec=later.model_dump(mode="json"), due_at=due)
+                      due_at=due, **spec)
 
 
 def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) -> None:
