@@ -32,7 +32,7 @@ from bidding.config import Settings, get_settings, load_settings
 from bidding.demo.run import OPTIONS as DEMO_OPTIONS
 from bidding.errors import BiddingError
 from bidding.nodes.profile import PROFILE_ENV, exec_queue, load_profile
-from bidding.store import store_label
+from bidding.store import sqlite_path, store_label
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -70,7 +70,18 @@ def _settings(app_name: str | None, database_url: str | None,
 
 @contextmanager
 def _reading(database_url: str) -> Iterator[None]:
-    """Errors of a command that reads the store, as one line that names the store."""
+    """Errors of a command that reads the store, as one line that names the store.
+
+    A SQLite file that does not exist is refused before it is opened: opening it would create
+    an empty store (in the current folder, for a relative path), and the command would then
+    report "not found" about a store nobody meant.
+    """
+    path = sqlite_path(database_url)
+    if path is not None and path.parent.is_dir() and not path.exists():
+        # (A missing folder has its own message, from the store itself.)
+        raise click.ClickException(
+            f"no store at {store_label(database_url)}: the file does not exist (run the "
+            "command where the nodes' store is, or pass -A APP / --database-url)")
     try:
         yield
     except BiddingError as exc:

@@ -5,6 +5,7 @@ from bidding.store.engine import (
     get_engine,
     masked_url,
     read_session,
+    sqlite_path,
     store_label,
     write_session,
 )
@@ -16,6 +17,7 @@ __all__ = [
     "get_engine",
     "masked_url",
     "read_session",
+    "sqlite_path",
     "store_label",
     "upgrade",
     "write_session",

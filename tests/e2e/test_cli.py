@@ -331,7 +331,7 @@ def test_unknown_task_says_no_such_announcement_in_the_named_store(
         f"Error: task no-such-id: no such announcement in the store {store_url}\n"), shown(result)
 
 
-def test_commands_run_from_another_folder_name_the_store_they_read(tmp_path: Path) -> None:
+def test_commands_run_from_another_folder_name_the_store_and_create_none(tmp_path: Path) -> None:
     # Given a folder without a store, and no store configured (the default: ./bidding.db)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -340,13 +340,15 @@ def test_commands_run_from_another_folder_name_the_store_they_read(tmp_path: Pat
     nodes = run_cli("nodes", cwd=elsewhere)
     explained = run_cli("explain", "some-id", cwd=elsewhere)
 
-    # Then both say which store they read, with the file the relative URL means here
+    # Then both exit 1 saying which store is missing, with the file the relative URL means
+    # here, and leave no empty store behind
     here = f"sqlite:///bidding.db (= {elsewhere.resolve() / 'bidding.db'})"
-    assert nodes.returncode == 0, shown(nodes)
-    assert nodes.stdout == f"no live nodes in the store {here}\n", shown(nodes)
-    assert explained.returncode == 1, shown(explained)
-    assert explained.stderr == (
-        f"Error: task some-id: no such announcement in the store {here}\n"), shown(explained)
+    expected = (f"Error: no store at {here}: the file does not exist (run the command where "
+                "the nodes' store is, or pass -A APP / --database-url)\n")
+    for result in (nodes, explained):
+        assert result.returncode == 1, shown(result)
+        assert result.stderr == expected, shown(result)
+    assert not (elsewhere / "bidding.db").exists()
 
 
 @pytest.mark.parametrize("args", [["nodes"], ["explain", "some-id"], ["status", "some-id"],
@@ -392,6 +394,7 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     from bidding.store import get_engine
 
     # Given an empty store
+    assert run_cli("db", "upgrade", "--database-url", store_url).returncode == 0
     # When the user lists the nodes
     empty = run_cli("nodes", "--database-url", store_url)
 
@@ -453,6 +456,7 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
 
 def test_stats_on_empty_store(store_url: str) -> None:
     # Given a store where nothing was ever announced
+    assert run_cli("db", "upgrade", "--database-url", store_url).returncode == 0
     # When the user asks for statistics as JSON
     result = run_cli("stats", "--database-url", store_url, "--json")
 
