@@ -65,10 +65,12 @@ def reset(task_id: str, app: Celery | None = None, *,
                                cleared_attempts=row.check_attempts,
                                cleared_escalation=row.escalation,
                                watched=row.state in states.IN_FLIGHT_STATES)
+        attempt = row.attempt
+        # (The UPDATE below synchronizes the loaded row: what it had is read before.)
         session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == task_id)
                         .values(check_attempts=0, next_check_time=None, check_since=now,
                                 escalated_at=None, escalation=None))
-        journal.record(session, task_id, journal.RESET, node=row.assigned_node,
-                       attempt=row.attempt, at=now, check_attempts=row.check_attempts,
-                       escalation=row.escalation)
+        journal.record(session, task_id, journal.RESET, node=outcome.node,
+                       attempt=attempt, at=now, check_attempts=outcome.cleared_attempts,
+                       escalation=outcome.cleared_escalation)
     return outcome
