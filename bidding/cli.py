@@ -215,7 +215,9 @@ def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
     from bidding.observe.monitor import Monitor
 
     settings = _settings(app_name, database_url)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # Escalations are warnings of bidding's loggers; the store's migrations say nothing here.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("bidding").setLevel(logging.INFO)
     with _reading(settings.database_url):
         from bidding.store import ensure_schema
 

@@ -105,7 +105,10 @@ def test_a_task_whose_node_goes_silent_is_escalated_and_reset_puts_it_back_under
         after = task_row(watched, result.id)
         # then its checking state is cleared and it is watched again: it escalates again
         assert "checking state cleared (was 3 check(s) without news, escalated" in cleared
-        assert (after.check_attempts, after.escalated_at, after.escalation) == (0, None, None)
+        assert (after.escalated_at, after.escalation) == (None, None)
+        # (0 checks at the reset; on a loaded machine the first check after it, due 0.3 s
+        # later, may have come before this read)
+        assert after.check_attempts in (0, 1)
         assert wait_for(lambda: len(escalations(watched, result.id)) == 2, 15)
         assert task_row(watched, result.id).state == "EXECUTING"  # never failed for it
     finally:
