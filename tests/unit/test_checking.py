@@ -262,3 +262,20 @@ def test_each_heartbeat_says_which_tasks_the_workers_pool_runs(settings: Setting
     assert listed() == ["t-running"]
     beat._beat()
     assert listed() == []
+
+
+def test_a_task_is_checked_on_the_schedule_of_the_node_it_is_delegated_to(
+    fast: Settings,
+) -> None:
+    # given a node whose profile says: escalate after one check (globally: two)
+    from bidding.nodes.profile import CheckingProfile
+
+    heartbeat(fast, NodeProfile(name=NODE, capabilities=["s1", "s2"],
+                                checking=CheckingProfile(max_check_attempts=1)))
+    task_id, t0 = delegated(fast)
+    # when its first check finds no news, and the next one comes due
+    checking.check_due(fast, t0 + 1.0)
+    done = checking.check_due(fast, t0 + 3.0)
+    # then that second look escalates it, after one check
+    assert [(e.task_id, e.reason.split(" (")[0]) for e in done.escalated] == [
+        (task_id, "silent after 1 check")]
