@@ -9,6 +9,7 @@ def extract(url): ...
 
 extract.delay(url).get()           # announced, bid on, awarded, run on the winner
 bidding.explain(result.id, app=app)
+bidding.reset(result.id, app=app)  # clear an escalated task's checking state (seed 002)
 ```
 """
 
@@ -36,6 +37,7 @@ from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
 from bidding.nodes.profile import NodeProfile, load_profile
 from bidding.observe import status
 from bidding.observe.explain import Explanation, explain
+from bidding.observe.reset import reset
 from bidding.strategies import (
     AgentJudgment,
     BestSkillMatch,
@@ -97,6 +99,7 @@ __all__ = [
     "load_profile",
     "load_settings",
     "register_strategy",
+    "reset",
     "resolve_strategy",
     "status",
     "submit",

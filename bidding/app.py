@@ -20,9 +20,11 @@ from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.errors import ConfigurationError
+from bidding.execution.active import running_tasks
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import PROFILE_ENV, bid_queue, current_profile, exec_queue
+from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
 from bidding.strategies.resolver import resolve_strategy
@@ -39,6 +41,7 @@ def install(app: Celery) -> Celery:
     app.steps["worker"].add(NodeStep)
     app.steps["consumer"].add(BidConsumerStep)
     app.steps["consumer"].add(SweeperStep)
+    app.steps["consumer"].add(MonitorStep)
     app.steps["consumer"].add(HeartbeatStep)
     app.user_options["worker"].add(
         click.Option(
@@ -194,6 +197,30 @@ class SweeperStep(_NodeLoopStep):
         self.sweeper.stop()
 
 
+class MonitorStep(_NodeLoopStep):
+    """Run the watch of delegated work (``observe.monitor``, seed 002): check tasks their
+    nodes have been silent about, escalate those that stay silent.
+
+    Every node worker watches, as every one sweeps; each check is claimed by a compare-and-set.
+    """
+
+    label = "bidding monitor"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.monitor = Monitor(self.settings)
+
+    def start(self, consumer: Any) -> None:
+        """Start watching."""
+        if self.profile is not None:
+            self.monitor.start()
+
+    def stop(self, consumer: Any) -> None:
+        """Stop watching."""
+        self.monitor.stop()
+
+
 class HeartbeatStep(_NodeLoopStep):
     """Heartbeat only while this worker consumes its bid and execution queues.
 
@@ -207,7 +234,9 @@ class HeartbeatStep(_NodeLoopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current())
+        # Each beat says which tasks this worker's pool runs (what the watch's checks ask).
+        self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current(),
+                                    running=running_tasks)
                           if self.profile is not None else None)
 
     def start(self, consumer: Any) -> None:

@@ -4,6 +4,7 @@
 bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+bidding monitor -A proj | bidding reset TASK_ID -A proj   # seed 002's watch of delegated work
 bidding api -A proj --port 8000                 # the AITP HTTP API
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
@@ -192,6 +193,63 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
             return
         result = task_status(settings.database_url, task_id)
     click.echo(result.model_dump_json(indent=2) if as_json else result.render())
+
+
+@main.command()
+@click.argument("task_id")
+@app_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print what was cleared as JSON.")
+def reset(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
+    """Clear TASK_ID's checking state (checks without news, next check, escalation) and put it
+    back under watch: its next check comes bidding_initial_check_wait_time from now."""
+    from bidding.observe.reset import reset as do_reset
+
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        outcome = do_reset(task_id, database_url=settings.database_url)
+    click.echo(outcome.model_dump_json(indent=2) if as_json else outcome.render())
+
+
+@main.command()
+@app_option
+@db_option
+@click.option("--once", is_flag=True, help="One pass of the due checks, then exit.")
+def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
+    """Watch delegated tasks in the foreground (seed 002): check those their nodes have been
+    silent about, with backoff, and escalate those that stay silent (a log line, the
+    task_escalated signal, bidding_notify_url). Node workers run the same loop; this one is for
+    a store no node worker watches, or to see escalations as they happen. Ctrl-C stops it."""
+    import logging
+
+    from bidding.observe.checking import check_due
+    from bidding.observe.monitor import Monitor
+
+    settings = _settings(app_name, database_url)
+    # Escalations are warnings of bidding's loggers; the store's migrations say nothing here.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("bidding").setLevel(logging.INFO)
+    with _reading(settings.database_url):
+        from bidding.store import ensure_schema
+
+        ensure_schema(settings.database_url)
+        if once:
+            done = check_due(settings)
+            click.echo(f"{done.written} check(s) written, {len(done.escalated)} escalated")
+            return
+    loop = Monitor(settings)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    click.echo(f"watching delegated tasks in the store {store_label(settings.database_url)} "
+               "(Ctrl-C stops)")
+    loop.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        loop.stop()
+    click.echo("monitor stopped")
 
 
 @main.command()

@@ -104,6 +104,16 @@ class Settings(BaseModel):
     delivery_check_seconds: float = Field(60.0, ge=0)
     #: Seconds between a node's hard and soft time limit (timeout_seconds is the soft one).
     hard_timeout_grace: float = Field(5.0, ge=0)
+    #: Seed 002's watch of delegated (ASSIGNED or EXECUTING) tasks, when no award, start or
+    #: progress report is news: the first check this many seconds after the latest one...
+    initial_check_wait_time: float = Field(30.0, gt=0)
+    #: ...each check that finds no news multiplies the wait by this factor...
+    check_backoff_factor: float = Field(2.0, ge=1)
+    #: ...up to this many seconds between checks...
+    max_check_wait_time: float = Field(1800.0, gt=0)
+    #: ...and after this many checks without news the task is escalated (a flag, the task
+    #: keeps running). A node's profile may set its own in a ``[checking]`` table.
+    max_check_attempts: int = Field(10, ge=1)
     #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.
     notify_url: str | None = None
     notify_timeout: float = Field(5.0, gt=0)

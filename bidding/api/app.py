@@ -79,7 +79,7 @@ def _task_state(s: TaskStatus) -> TaskState:
     return TaskState(
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
         current_step=1, estimated_completion=_estimate_task(s, time.time()),
-        cost_so_far=s.cost_so_far)
+        cost_so_far=s.cost_so_far, watch=s.watch)
 
 
 def _not_found(exc: UnknownTaskError) -> HTTPException:

@@ -39,6 +39,11 @@ DEFERRED: Final = "DEFERRED"
 ESCALATED: Final = "ESCALATED"
 OUTPUT_INVALID: Final = "OUTPUT_INVALID"
 COST_EXCEEDED: Final = "COST_EXCEEDED"
+#: Seed 002's watch: checks of a delegated task found no news ``max_check_attempts`` times; the
+#: task is flagged for a human (it keeps running: not a state change).
+WATCH_ESCALATED: Final = "WATCH_ESCALATED"
+#: A task's checking state was cleared by hand (``bidding reset``): back under watch.
+RESET: Final = "RESET"
 
 
 #: The message log's table: messages are written with Core INSERTs (no ORM unit of work).

@@ -8,6 +8,10 @@ capacity = 4
 price_per_unit = 0.01
 latency_ms = 40
 trust = 70
+
+[checking]                     # optional: seed 002's agent-specific backoff for this node's tasks
+initial_check_wait_time = 120  # any of the four bidding_*check* settings; the rest stay global
+max_check_attempts = 5
 ```
 """
 
@@ -29,6 +33,23 @@ PROFILE_ENV = "BIDDING_PROFILE"
 NODE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
 
 
+class CheckingProfile(BaseModel):
+    """A node's own schedule for checking the tasks delegated to it (seed 002's agent-specific
+    backoff): any of the global settings of the same names; unset keys keep the global value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_check_wait_time: float | None = Field(None, gt=0)
+    check_backoff_factor: float | None = Field(None, ge=1)
+    max_check_wait_time: float | None = Field(None, gt=0)
+    max_check_attempts: int | None = Field(None, ge=1)
+
+    def overrides(self) -> dict[str, float | int] | None:
+        """The keys the profile sets (None when it sets none), as the node's row stores them."""
+        found = self.model_dump(exclude_none=True)
+        return found or None
+
+
 class NodeProfile(BaseModel):
     """What a node declares about itself; every key is validated, unknown keys are refused."""
 
@@ -41,6 +62,8 @@ class NodeProfile(BaseModel):
     latency_ms: float = Field(50.0, ge=0)
     trust: float = Field(70.0, ge=0, le=100)
     description: str = ""
+    #: The ``[checking]`` table: how the tasks delegated to this node are watched.
+    checking: CheckingProfile = Field(default_factory=CheckingProfile)
 
     @field_validator("capabilities")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Celery
@@ -15,6 +16,8 @@ from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import states
 from bidding.models import Bid
 from bidding.observe.attempts import AttemptView, attempt_history
+from bidding.observe.status import watch_of
+from bidding.observe.watch import WatchView
 from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
@@ -81,6 +84,8 @@ class Explanation(BaseModel):
     #: The attempt the task is in (or ended in); ``winner``, ``error`` and the bid table of
     #: the text report are this attempt's.
     attempt: int = 1
+    #: Seed 002's watch while the task is delegated: checks without news, an escalation.
+    watch: WatchView | None = None
 
     def render(self) -> str:
         """A plain-text report for terminals."""
@@ -105,6 +110,8 @@ class Explanation(BaseModel):
             lines.append(f"  {label}no winner ({self.closed_by}): {self.error}")
         elif self.error:
             lines.append(f"  {label}error: {self.error}")
+        if self.watch is not None and (self.watch.escalated or self.watch.check_attempts):
+            lines.append(f"  watch: {self.watch.line(time.time())}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
         earlier = len(self.bids) - len(shown)
         if self.attempt > 1:
@@ -207,6 +214,7 @@ def explain(task_id: str, app: Celery | None = None, *,
             ],
             attempts=attempt_history(messages),
             attempt=row.attempt,
+            watch=watch_of(row),
         )
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -130,8 +131,10 @@ def _repoint(app: Celery, broker: str, backend: str) -> None:
 @contextmanager
 def running_cluster(database_url: str, directory: Path, backend: str,
                     broker: str = BROKER, result_backend: str | None = None,
-                    extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
-    """Start the three nodes against ``broker`` and the store at ``database_url``.
+                    extra_env: dict[str, str] | None = None,
+                    nodes: Mapping[str, list[str]] = NODES) -> Iterator[Cluster]:
+    """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
+    at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
     """
@@ -162,7 +165,7 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         cwd=ROOT,
     )
     try:
-        federation.start(write_profile(directory, n, s) for n, s in NODES.items())
+        federation.start(write_profile(directory, n, s) for n, s in nodes.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)
@@ -180,23 +183,32 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         forget_schema_checks()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def cluster(request: pytest.FixtureRequest, redis_broker: str,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
-    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
-    if request.param == "sqlite":
-        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite") as c:
+@contextmanager
+def store_cluster(store: str, directory: Path, **options: Any) -> Iterator[Cluster]:
+    """``running_cluster`` with the store on ``store``: "sqlite" (a file in ``directory``) or
+    "postgresql" (a new database, dropped afterwards)."""
+    if store == "sqlite":
+        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                             **options) as c:
             yield c
         return
     databases = _postgres_database()
     url = next(databases)
     try:
-        with running_cluster(url, directory, "postgresql") as c:
+        with running_cluster(url, directory, "postgresql", **options) as c:
             yield c
     finally:
         for _ in databases:  # runs the database's teardown
             pass
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, redis_broker: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
+    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    with store_cluster(request.param, directory) as c:
+        yield c
 
 
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> bool:

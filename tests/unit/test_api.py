@@ -293,3 +293,22 @@ def test_a_store_that_cannot_be_opened_is_503_naming_it(tmp_path: Path) -> None:
                    client.get("/aitp/tasks/x"), client.post("/aitp/tasks", json=SINGLE)):
         assert answer.status_code == 503, answer.text
         assert "missing" in answer.json()["detail"]
+
+
+def test_a_delegated_tasks_watch_and_its_escalation_are_shown(
+        client: TestClient, store_url: str) -> None:
+    from bidding.config import Settings
+    from tests.unit.test_checking import delegated, watched
+
+    # given a task delegated to a node, escalated by the watch
+    task_id, t0 = delegated(Settings(database_url=store_url, auto_migrate=False))
+    watched(Settings(database_url=store_url), task_id, check_attempts=10, check_since=t0,
+            next_check_time=t0 + 1800, escalated_at=t0 + 9000,
+            escalation="silent after 10 checks (node n1 alive, not running it)")
+    # when its status is read
+    shown = client.get(f"/aitp/tasks/{task_id}").json()
+    # then its state is still its own, and the watch says it is escalated and why
+    assert (shown["status"], shown["state"]) == ("PENDING", "ASSIGNED")
+    assert shown["watch"] == {"check_attempts": 10, "next_check_time": t0 + 1800,
+                              "escalated": True, "escalated_at": t0 + 9000,
+                              "reason": "silent after 10 checks (node n1 alive, not running it)"}
