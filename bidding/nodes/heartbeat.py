@@ -41,6 +41,7 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
         row.latency_ms = profile.latency_ms
         row.trust = profile.trust
         row.description = profile.description
+        row.bidder = profile.bidder
         row.hostname = hostname or socket.gethostname()
         row.status = "online"
         if started_at is not None:

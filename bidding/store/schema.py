@@ -42,6 +42,9 @@ class Node(Base):
     #: can rank candidates by learned trust without reading the episodes.
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     successes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Its profile's own bidder ("package.module:function" or "llm"), None for the built-in
+    #: one: announcers in "auto" bid mode bid for a node without one and ask the others.
+    bidder: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class Worker(Base):

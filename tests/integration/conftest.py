@@ -134,14 +134,19 @@ def running_cluster(database_url: str, directory: Path, backend: str,
     """Start the three nodes against ``broker`` and the store at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
+    Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
+    says otherwise: the test nodes all bid with the built-in function, so under the default,
+    "auto", every auction would be proxied, and the tests of the asking path (the bid
+    requests, the board, silent rounds) would test nothing (tests/integration/test_bidders.py
+    runs "auto", test_proxy.py "proxy").
     """
     from tests.integration.app import app
 
+    extra_env = {"BIDDING_BID_MODE": "ask", **(extra_env or {})}
     if broker.startswith("redis"):
         # Every cluster names its nodes alike: a message an earlier cluster left in exec.north
         # or bidding:requests:north must not reach this one's north.
         redis.Redis.from_url(broker).flushdb()
-    extra_env = extra_env or {}
     previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL", *extra_env)}
     os.environ["BIDDING_DATABASE_URL"] = database_url
     os.environ.update(extra_env)
