@@ -99,7 +99,8 @@ def resolve_model(spec: str, source: str = "<profile>") -> Any:
 def usage_of(result: Any) -> dict[str, float]:
     """Tokens, requests and (when the provider's prices are known) cost of an agent run."""
     usage = result.usage
-    usage = usage() if callable(usage) else usage  # a method before pydantic-ai 2
+    if not hasattr(usage, "requests") and callable(usage):
+        usage = usage()  # a method before pydantic-ai 2
     out: dict[str, float] = {}
     for name in ("input_tokens", "output_tokens", "requests"):
         value = getattr(usage, name, None)
