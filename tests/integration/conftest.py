@@ -46,13 +46,14 @@ def _check(fn: object) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def write_profile(directory: Path, name: str, skills: list[str]) -> Path:
-    """An equal profile for every test node: only the skills differ."""
+def write_profile(directory: Path, name: str, skills: list[str], extra: str = "") -> Path:
+    """An equal profile for every test node: only the skills differ (and ``extra`` TOML
+    lines, e.g. a bidder of its own)."""
     path = directory / f"{name}.toml"
     caps = ", ".join(f'"{s}"' for s in skills)
     path.write_text(
         f'name = "{name}"\ncapabilities = [{caps}]\ncapacity = 4\n'
-        "price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n"
+        f"price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n{extra}"
     )
     return path
 
@@ -130,10 +131,12 @@ def _repoint(app: Celery, broker: str, backend: str) -> None:
 @contextmanager
 def running_cluster(database_url: str, directory: Path, backend: str,
                     broker: str = BROKER, result_backend: str | None = None,
-                    extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
+                    extra_env: dict[str, str] | None = None,
+                    profiles: dict[str, str] | None = None) -> Iterator[Cluster]:
     """Start the three nodes against ``broker`` and the store at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
+    ``profiles``: more TOML lines for a node's profile, by node name.
     Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
     says otherwise: the test nodes all bid with the built-in function, so under the default,
     "auto", every auction would be proxied, and the tests of the asking path (the bid
@@ -167,7 +170,8 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         cwd=ROOT,
     )
     try:
-        federation.start(write_profile(directory, n, s) for n, s in NODES.items())
+        federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""))
+                         for n, s in NODES.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)
@@ -185,23 +189,33 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         forget_schema_checks()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def cluster(request: pytest.FixtureRequest, redis_broker: str,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
-    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
-    if request.param == "sqlite":
-        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite") as c:
+@contextmanager
+def cluster_on(store: str, directory: Path, extra_env: dict[str, str] | None = None,
+               profiles: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """``running_cluster`` with its store on ``store``: "sqlite" (a file in ``directory``) or
+    "postgresql" (a new database, dropped afterwards)."""
+    if store == "sqlite":
+        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                             extra_env=extra_env, profiles=profiles) as c:
             yield c
         return
     databases = _postgres_database()
     url = next(databases)
     try:
-        with running_cluster(url, directory, "postgresql") as c:
+        with running_cluster(url, directory, "postgresql", extra_env=extra_env,
+                             profiles=profiles) as c:
             yield c
     finally:
         for _ in databases:  # runs the database's teardown
             pass
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, redis_broker: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
+    with cluster_on(request.param, tmp_path_factory.mktemp(f"cluster-{request.param}")) as c:
+        yield c
 
 
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> bool:

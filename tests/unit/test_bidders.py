@@ -14,12 +14,18 @@ import time
 from typing import Any
 
 import pytest
-from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, UserPromptPart
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCallPart,
+    UserPromptPart,
+)
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.test import TestModel
 
 from bidding import BidResponse
-from bidding.auction.bidder import NodeBidder, node_bidder, resolve_bidder
+from bidding.auction.bidder import node_bidder, resolve_bidder
 from bidding.auction.candidates import split_by_bidder
 from bidding.auction.llm_bidder import rfp_prompt, system_prompt
 from bidding.auction.request_view import bidder_view
@@ -122,8 +128,9 @@ def test_a_bidder_that_does_not_resolve_is_refused_naming_the_profile_and_key(
 def test_bad_bidder_keys_are_refused_when_the_profile_loads(fields: dict[str, Any],
                                                             expected: str) -> None:
     # given a profile with a bad bidder key, then loading it names the file and the key
-    with pytest.raises(ProfileError, match="^workers/x.toml: ") as caught:
+    with pytest.raises(ProfileError) as caught:
         parse_profile({"name": "x", "capabilities": ["gpu"], **fields}, "workers/x.toml")
+    assert str(caught.value).startswith("workers/x.toml: ")
     assert expected in str(caught.value)
 
 
@@ -131,8 +138,9 @@ def test_an_unknown_llm_model_is_refused_naming_the_key() -> None:
     # given bidder = "llm" with a model pydantic-ai does not know
     profile = with_bidder("llm", bidder_llm={"model": "nosuch:model"})
     # when the worker resolves it, then the error names the profile and bidder_llm.model
-    with pytest.raises(ProfileError, match=f"^{SOURCE}: bidder_llm.model: 'nosuch:model': "):
+    with pytest.raises(ProfileError) as caught:
         resolve_bidder(profile, SOURCE)
+    assert str(caught.value).startswith(f"{SOURCE}: bidder_llm.model: 'nosuch:model': ")
 
 
 # --- the bidder's answer -------------------------------------------------------------------
