@@ -212,7 +212,6 @@ class Backend:
     def set_bid_mode(self, mode: str) -> None:
         """Announce in ``mode`` from now on (the caller's setting; the nodes are unchanged).
         "mixed" is "auto" with the asked node among the candidates."""
-        from bench.app import ASKED_SKILL, SKILL
         from bidding.config import get_settings, reset_settings
 
         os.environ["BIDDING_BID_MODE"] = "auto" if mode == "mixed" else mode
@@ -220,6 +219,9 @@ class Backend:
         self.settings = get_settings(self.app)
         self.options = None
         if mode == "mixed":
+            # Imported here: a --source from before "mixed" has no ASKED_SKILL.
+            from bench.app import ASKED_SKILL, SKILL
+
             self.start_asked_node()
             self.options = {"required_skills": [SKILL, ASKED_SKILL]}
 

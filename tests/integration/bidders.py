@@ -21,6 +21,12 @@ def choosy(rfp: Announcement, draft: Bid) -> BidResponse:
         return BidResponse(will_bid=False, confidence=0.0, proposal="", reasoning=REFUSAL)
     if rfp.args[:1] == ["sleep"]:
         time.sleep(SLEEP)
+    if rfp.truncated:
+        # A document too long for the bid request: east says what it was shown.
+        shown = len(rfp.args[0]) if rfp.args else 0
+        return BidResponse(will_bid=True, confidence=0.95,
+                           proposal=f"east read {shown} characters of {rfp.truncated['args']}",
+                           reasoning="a long document, shortened for the bid request")
     return BidResponse(will_bid=True, confidence=0.95,
                        proposal=f"east runs {rfp.task_type} {rfp.args[:1]} on its GPU",
                        reasoning="idle GPU, and the task is small")

@@ -106,6 +106,21 @@ def test_a_bidder_that_sleeps_past_its_timeout_does_not_hold_the_auction(
     assert other.closed_by == "all bids in"
 
 
+def test_a_long_document_is_cut_for_the_bidder_and_runs_whole(judged: Cluster) -> None:
+    # given a task whose argument is a 20,000-character document (the request limit: 8192)
+    document = "lorem ipsum " * 1700
+    assert judged.settings.bid_request_limit == 8192 and len(document) == 20_400
+    # when it is submitted, to east's bidder and the others
+    result = shared.delay(document)
+    # then the task runs with the whole document (the awarder read it from the store)
+    assert result.get(timeout=15)["value"] == document
+    # and east's bidder was shown the document cut to the limit, and told its full size
+    east = east_of(bidding.explain(result.id, app=judged.app))
+    assert east.will_bid
+    shown, full = (int(n) for n in east.proposal.split()[2::3])
+    assert 8000 < shown < 8192 and full == len(document) + 4  # as JSON: ["..."]
+
+
 def test_mixed_auctions_award_each_task_exactly_once(judged: Cluster) -> None:
     # when 30 tasks go out at once, each to a mixed auction (east asked, the others proxied)
     results = [shared.delay(i) for i in range(30)]
