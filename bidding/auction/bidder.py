@@ -135,9 +135,6 @@ class NodeBidder:
             logger.warning("node %s, task %s: %s", self.node, draft.task_id, reason)
             return failed_answer(draft, spec, reason, now)
 
-    def close(self) -> None:
-        """Stop: calls still running finish on their own; their answers are dropped."""
-        self.calls.close()
 
 
 _bidders: dict[tuple[str, str], NodeBidder] = {}

@@ -143,8 +143,14 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
     if bidder is not None and isinstance(response, Bid):
         # The node's own bidder judges the draft on a thread of its own; its answer (or a
         # refusal at its timeout) is posted from there.
-        bidder.ask(rfp, response, expires_at or None, post)
-        return None
+        try:
+            bidder.ask(rfp, response, expires_at or None, post)
+            return None
+        except Exception as exc:  # never raised so far; the auction must still hear from us
+            logger.exception("could not ask the bidder of %s on %s", node, rfp.task_id)
+            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
+                               reason=f"could not ask its bidder: {type(exc).__name__}: {exc}",
+                               bidder=bidder.spec)
     post(response)
     return response
 

@@ -65,7 +65,9 @@ class TimedCalls:
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], _Call] | None] = (
             queue.SimpleQueue())
         self._workers: list[threading.Thread] = []
+        #: Threads waiting for a call, and calls queued that no thread has taken yet.
         self._idle = 0
+        self._pending = 0
         self._deadlines: list[tuple[float, int, _Call]] = []
         self._order = itertools.count()
         self._wake = threading.Condition()
@@ -86,10 +88,9 @@ class TimedCalls:
                                                  daemon=True)
                 self._watcher.start()
             self._wake.notify()
-            # An idle thread takes the call; while none is, a thread more, up to the pool's size.
-            if self._idle:
-                self._idle -= 1
-            elif len(self._workers) < self.threads:
+            # A thread more while the calls queued outnumber the idle threads, up to the size.
+            self._pending += 1
+            if self._pending > self._idle and len(self._workers) < self.threads:
                 worker = threading.Thread(target=self._work, daemon=True,
                                           name=f"{self.name}-{len(self._workers)}")
                 self._workers.append(worker)
@@ -98,7 +99,13 @@ class TimedCalls:
 
     def _work(self) -> None:
         while True:
+            with self._wake:
+                self._idle += 1
             item = self._queue.get()
+            with self._wake:
+                self._idle -= 1
+                if item is not None:
+                    self._pending -= 1
             if item is None:
                 return
             fn, call = item
@@ -109,8 +116,6 @@ class TimedCalls:
                     call.settle(Outcome(error=exc, elapsed=time.monotonic() - call.started))
                 else:
                     call.settle(Outcome(value=value, elapsed=time.monotonic() - call.started))
-            with self._wake:
-                self._idle += 1
 
     def _watch(self) -> None:
         while True:

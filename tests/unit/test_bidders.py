@@ -305,6 +305,23 @@ def test_calls_past_their_deadline_leave_the_others_answered_on_time() -> None:
     calls.close()
 
 
+def test_concurrent_slow_calls_each_get_a_thread_of_their_own() -> None:
+    # given a pool of 8 threads, and 6 calls of 0.3 s submitted at once, each with 1 s
+    calls = TimedCalls("t", 8)
+    outcomes: list[Outcome] = []
+    all_in = threading.Semaphore(0)
+    started = time.monotonic()
+    for i in range(6):
+        calls.submit(lambda i=i: time.sleep(0.3) or i, 1.0,
+                     lambda o: (outcomes.append(o), all_in.release()))
+    # then they run side by side: every one answers with its value, none times out
+    for _ in range(6):
+        assert all_in.acquire(timeout=2)
+    assert sorted(o.value for o in outcomes) == list(range(6))
+    assert time.monotonic() - started < 0.9
+    calls.close()
+
+
 # --- seed 001's LLM bidder, with pydantic-ai's offline models ------------------------------
 
 def llm_profile(model: str, **table: Any) -> NodeProfile:
