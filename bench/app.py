@@ -26,8 +26,10 @@ from bidding.config import celery_conf
 BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every benchmark node has and the bidding task requires.
 SKILL = "bench"
-#: The skill of the node with a bidder of its own ("mixed" bid mode), asked for it too.
-ASKED_SKILL = "bench_asked"
+#: The skills of the node with a bidder of its own ("mixed" bid mode), asked for too: two of
+#: the three a mixed auction requires, so that its skill match (2/3, the others' 1/3) keeps it
+#: among the capped candidates however the others' learned trust grows.
+ASKED_SKILLS = ("bench_asked", "bench_asked_too")
 #: The queue of the plain worker.
 PLAIN_QUEUE = "plain"
 

@@ -25,12 +25,12 @@ if TYPE_CHECKING:
     from bidding.config import Settings
     from bidding.nodes.federation import Federation
 
-#: The node with a bidder of its own that "mixed" bid mode adds to the candidates: a skill of
-#: its own (so that it is no candidate in the other modes) and trust 90, so that its prior
-#: score puts it among the candidates of every auction when the cap leaves some nodes out.
+#: The node with a bidder of its own that "mixed" bid mode adds to the candidates: skills of
+#: its own (``bench.app.ASKED_SKILLS``: no candidate in the other modes, and the best skill
+#: match in a mixed auction, so that the cap always keeps it).
 ASKED_NODE = "asked"
-ASKED_PROFILE = (f'name = "{ASKED_NODE}"\ncapabilities = ["bench_asked"]\ncapacity = 4\n'
-                 "price_per_unit = 0.01\nlatency_ms = 50\ntrust = 90\n"
+ASKED_PROFILE = (f'name = "{ASKED_NODE}"\ncapabilities = ["bench_asked", "bench_asked_too"]\n'
+                 "capacity = 4\nprice_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n"
                  'bidder = "bench.app:keep_draft"\n')
 
 #: The bidding settings a report states.
@@ -219,11 +219,11 @@ class Backend:
         self.settings = get_settings(self.app)
         self.options = None
         if mode == "mixed":
-            # Imported here: a --source from before "mixed" has no ASKED_SKILL.
-            from bench.app import ASKED_SKILL, SKILL
+            # Imported here: a --source from before "mixed" has no ASKED_SKILLS.
+            from bench.app import ASKED_SKILLS, SKILL
 
             self.start_asked_node()
-            self.options = {"required_skills": [SKILL, ASKED_SKILL]}
+            self.options = {"required_skills": [SKILL, *ASKED_SKILLS]}
 
     def start_asked_node(self) -> None:
         """Start the "mixed" mode's asked node (``ASKED_PROFILE``), unless it runs."""
