@@ -33,7 +33,7 @@ from bidding.graphs.progress import GraphProgress
 from bidding.graphs.spec import TaskDefinition, load_definition
 from bidding.graphs.submit import GraphHandle, submit
 from bidding.graphs.validate import GraphValidationError
-from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
+from bidding.models import Announcement, Award, Bid, BidResponse, Refusal, RetryPolicy, Score
 from bidding.nodes.profile import NodeProfile, load_profile
 from bidding.observe import status
 from bidding.observe.explain import Explanation, explain
@@ -60,6 +60,7 @@ __all__ = [
     "Award",
     "BestSkillMatch",
     "Bid",
+    "BidResponse",
     "BiddingError",
     "BiddingTask",
     "Composite",

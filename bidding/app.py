@@ -15,6 +15,7 @@ import click
 from celery import Celery, bootsteps
 from celery.signals import worker_process_init
 
+from bidding.auction.bidder import node_bidder
 from bidding.auction.consumer import BidConsumerStep
 from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
@@ -23,7 +24,13 @@ from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
-from bidding.nodes.profile import PROFILE_ENV, bid_queue, current_profile, exec_queue
+from bidding.nodes.profile import (
+    PROFILE_ENV,
+    bid_queue,
+    current_profile,
+    exec_queue,
+    profile_source,
+)
 from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
@@ -106,6 +113,9 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         profile = current_profile(settings)
         if profile is None:
             return
+        # A bidder that does not resolve stops the worker here, naming the profile and key,
+        # rather than refusing every bid later.
+        node_bidder(profile, profile_source(settings))
         queues = worker.app.amqp.queues
         queues.select_add(exec_queue(profile.name))
         if bid_queue(profile.name) in (queues.consume_from or {}):
@@ -123,9 +133,10 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         if earlier is not None:
             threading.Thread(target=_handle_ended, args=(settings, earlier),
                              name="bidding-predecessor", daemon=True).start()
-        logger.info("node %s: capabilities %s, capacity %s (worker %s, %s pool process(es))",
-                    profile.name, ", ".join(profile.capabilities), profile.capacity,
-                    me.hostname, me.slots or "?")
+        logger.info("node %s: capabilities %s, capacity %s, bidder %s (worker %s, %s pool "
+                    "process(es))", profile.name, ", ".join(profile.capabilities),
+                    profile.capacity, profile.bidder or "built-in", me.hostname,
+                    me.slots or "?")
 
 
 def check_default_strategy(settings: Settings) -> None:

@@ -323,7 +323,8 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
     for n in live:
         click.echo(f"{n.name:<12} {n.capacity:>8} {n.trust:>6.1f} {n.learned_trust:>7.1f} "
                    f"{n.attempts:>5} {n.price_per_unit:>8g} {n.latency_ms:>5.0f} ms "
-                   f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}")
+                   f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}"
+                   + (f"  (bidder {n.bidder})" if n.bidder else ""))
 
 
 @main.command()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError
-from bidding.models import NoBidPolicy, describe_validation
+from bidding.models import BidMode, NoBidPolicy, describe_validation
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,12 +59,20 @@ class Settings(BaseModel):
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
     #: the store), "store", or a Redis URL (see bidding.auction.board).
     bid_board: str = "auto"
-    #: Who makes the bids: "ask" sends each candidate a bid request and its node answers;
-    #: "proxy" has the announcing process compute the candidates' bids itself, with the nodes'
-    #: own bid function on their published profiles and their history in the store, and award
-    #: at once (see bidding.auction.proxy). Set it where tasks are announced (callers and node
-    #: workers, whose sweepers announce retries).
-    bid_mode: Literal["ask", "proxy"] = "ask"
+    #: Who makes the bids: "auto" has the announcer make the bids of the candidates whose
+    #: profile names no bidder of their own (their heartbeat says so), as "proxy" does, and
+    #: ask the others, in one auction; "ask" sends every candidate a bid request and its node
+    #: answers; "proxy" has the announcing process compute every candidate's bid itself, with
+    #: the built-in bid function on their published profiles and their history in the store,
+    #: and award at once (see bidding.auction.proxy; a node's own bidder is not consulted).
+    #: Set it where tasks are announced (callers and node workers, whose sweepers announce
+    #: retries).
+    bid_mode: BidMode = "auto"
+    #: The most characters of a task's content, and of its args and kwargs (as JSON,
+    #: together), that a bid request carries to a node's bidder; longer ones are cut, and
+    #: the bidder's ``Announcement.truncated`` gives their full sizes
+    #: (see bidding.auction.request_view).
+    bid_request_limit: int = Field(8192, ge=256, le=1_048_576)
     #: Seconds a node reuses its history (experience, in-flight work) between bids on the same
     #: task type, while its history version on the Redis board holds; the award re-counts
     #: in-flight work anyway (0 = read the store for every bid).

@@ -19,10 +19,11 @@ from sqlalchemy.orm import Session
 
 from bidding.auction.award import route_award, strategy_of
 from bidding.auction.board import get_board
-from bidding.auction.candidates import select_candidates
+from bidding.auction.candidates import select_candidates, split_by_bidder
 from bidding.auction.close import close_auction
 from bidding.auction.consumer import request_bids
-from bidding.auction.proxy import award_by_proxy
+from bidding.auction.proxy import award_by_proxy, post_proxy_answers
+from bidding.auction.request_view import bidder_view
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
@@ -92,33 +93,41 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
                  fresh_id: bool = False) -> bool:
     """Start the auction of ``rfp`` (a new task, or a due retry, deferral or scheduled start).
 
+    Its bid mode says who bids for each candidate (``candidates.split_by_bidder``): when the
+    announcer may bid for all of them, it awards at once (``proxy``); else it asks the others
+    and, in a mixed auction, posts the bids it made for the rest first.
     With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
     once with the no-bid outcome. False when a due task was already taken by another sweeper.
     """
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
-    proxy = (rfp.bid_mode or settings.bid_mode) == "proxy" and bool(candidates)
+    proxied, asked = split_by_bidder(rfp.bid_mode or settings.bid_mode, live, candidates)
+    proxy = bool(candidates) and not asked
     if proxy and new and decides_at_once(strategy_of(settings, rfp)):
         # The announcement, its bids and its award in one transaction.
         if _award_by_proxy(app, settings, rfp, live, candidates,
                            opening=lambda session: _record_new(session, rfp, candidates)):
             return True
         proxy = False  # nothing was written: announce as usual, asking the candidates
+    if not proxy and not asked:
+        proxied, asked = [], list(candidates)
     in_time = rfp.deadline is None or rfp.deadline > time.time()
     # No live candidate, but capable nodes that lost the broker a moment ago (a restart):
     # they are coming back, so the task waits for them rather than failing or deferring.
     waiting = coming_back(settings, rfp.required_skills) if not candidates and in_time else []
     defer = (not candidates and not waiting
              and rfp.fallbacks.on_capability_unavailable == "defer" and in_time)
+    view = bidder_view(rfp, settings.bid_request_limit) if asked and not proxy else None
     # A new auction on the Redis board asks for bids before its row is written: the answers go
     # to the board, not the store, and the award waits for the row (close_auction). The row's
     # insert then overlaps the bidding instead of delaying it.
     # Only for an id generated for this call: a caller's own id may belong to an existing task,
-    # whose open auction must not receive answers meant for this one.
-    early = (not proxy and new and fresh_id and bool(candidates)
+    # whose open auction must not receive answers meant for this one. And only when the
+    # requests carry the whole announcement: else the closer reads it from the row.
+    early = (view is not None and view[1] and new and fresh_id
              and get_board(settings, app).writes_on_award)
     if early:
-        request_bids(settings, app, rfp, candidates)
+        _ask(app, settings, rfp, live, proxied, asked, view)
     def record() -> bool | str:
         with write_session(settings.database_url) as session:
             if waiting:
@@ -156,12 +165,29 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             request_bids(settings, app, rfp, candidates)
     elif not early:
         try:
-            request_bids(settings, app, rfp, candidates)
+            _ask(app, settings, rfp, live, proxied, asked, view)
         except Exception as exc:
             _requests_unsent(settings, rfp, exc, new=new)
             if new:
                 raise  # .delay() raises: the caller knows the task was not accepted
     return True
+
+
+def _ask(app: Celery, settings: Settings, rfp: Announcement, live: Sequence[LiveNode],
+         proxied: Sequence[str], asked: Sequence[str],
+         view: tuple[Announcement, bool] | None) -> None:
+    """Ask ``asked`` to bid; in a mixed auction, post the bids made for ``proxied`` first, so
+    that the last answer to come in is an asked node's (and its node closes the auction)."""
+    expected = len(proxied) + len(asked)
+    if proxied:
+        by_name = {node.name: node for node in live}
+        posted = post_proxy_answers(settings, app, rfp, [by_name[n] for n in proxied],
+                                    expected)
+        if posted.complete:  # not before the asked ones answer; never left open regardless
+            close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="all bids in",
+                          rfp=rfp, candidates=expected)
+            return
+    request_bids(settings, app, rfp, asked, expected=expected, view=view)
 
 
 def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,

@@ -44,6 +44,7 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
         row.trust = profile.trust
         row.description = profile.description
         row.checking = profile.checking.overrides()
+        row.bidder = profile.bidder
         row.hostname = hostname or socket.gethostname()
         row.status = "online"
         if started_at is not None:

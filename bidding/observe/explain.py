@@ -45,6 +45,14 @@ class BidView(BaseModel):
     late: bool = False
     #: Milliseconds from the announcement to this answer.
     answered_after_ms: float
+    #: How the node would do the task (its bidder's, or the built-in summary of its offer).
+    proposal: str = ""
+    #: Why its own bidder bid so (a refusal's is its ``reason``).
+    reasoning: str = ""
+    #: The node's own bidder that judged this answer (None: the built-in bidder alone).
+    bidder: str | None = None
+    #: Tokens, requests, cost the bidder's model reported (an LLM bidder).
+    usage: dict[str, float] = {}
 
 
 class MessageView(BaseModel):
@@ -125,7 +133,9 @@ class Explanation(BaseModel):
         for b in sorted(shown, key=lambda b: (not b.is_winner, -(b.score or -1), b.node)):
             mark = "*" if b.is_winner else " "
             if not b.will_bid:
-                lines.append(f" {mark}{b.node:<10} refused: {b.reason}")
+                late = "late (after close) " if b.late else ""
+                lines.append(f" {mark}{b.node:<10} refused: {late}{b.reason}")
+                lines += _bidder_lines(b)
                 continue
             detail = _breakdown_text(b.breakdown)
             if b.late:
@@ -135,7 +145,26 @@ class Explanation(BaseModel):
                 f"{_num(b.experience, 2):>5} {_num(b.load, 2):>5} {_num(b.confidence, 2):>5} "
                 f"{_num(b.cost, 4):>7} {_num(b.latency_ms, 0):>5} {_num(b.trust, 0):>5}  {detail}"
             )
+            lines += _bidder_lines(b)
         return "\n".join(lines)
+
+
+def _bidder_lines(b: BidView) -> list[str]:
+    """What a node's own bidder said, under its bid or refusal (nothing for built-in ones)."""
+    if b.bidder is None:
+        return []
+    lines = [f"{'':13}by its bidder {b.bidder}"
+             + (f" ({_usage_text(b.usage)})" if b.usage else "")]
+    if b.will_bid:
+        if b.proposal:
+            lines.append(f"{'':13}proposal: {b.proposal}")
+        if b.reasoning:
+            lines.append(f"{'':13}reasoning: {b.reasoning}")
+    return lines
+
+
+def _usage_text(usage: dict[str, float]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in usage.items())
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -184,6 +213,7 @@ def explain(task_id: str, app: Celery | None = None, *,
                 trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
                 is_winner=b.is_winner, late=b.late,
                 answered_after_ms=(b.bid_at - row.announced_at) * 1000,
+                **_judged(b.payload or {}),
             )
             for b in bids
         ]
@@ -218,6 +248,14 @@ def explain(task_id: str, app: Celery | None = None, *,
         )
 
 
+def _judged(payload: dict[str, Any]) -> dict[str, Any]:
+    """The proposal, reasoning, bidder and usage of a stored answer (its JSON payload)."""
+    return {"proposal": str(payload.get("proposal") or ""),
+            "reasoning": str(payload.get("reasoning") or ""),
+            "bidder": payload.get("bidder"),
+            "usage": dict(payload.get("usage") or {})}
+
+
 def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
     """Answers of an open auction that are still on a Redis bid board (not scored yet)."""
     board = get_board(get_settings(app), app)
@@ -232,7 +270,8 @@ def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> li
     views = []
     for a in answers:
         common: dict[str, Any] = {"node": a.node, "attempt": a.attempt,
-                                  "answered_after_ms": (a.bid_at - announced_at) * 1000}
+                                  "answered_after_ms": (a.bid_at - announced_at) * 1000,
+                                  **_judged(a.model_dump())}
         if isinstance(a, Bid):
             views.append(BidView(will_bid=True, capability=a.capability,
                                  experience=a.experience, load=a.load,

@@ -45,6 +45,9 @@ class Node(Base):
     #: Its profile's ``[checking]`` table (seed 002's agent-specific backoff), written with the
     #: profile at registration; None: the global ``bidding_*check*`` settings apply.
     checking: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: Its profile's own bidder ("package.module:function" or "llm"), None for the built-in
+    #: one: announcers in "auto" bid mode bid for a node without one and ask the others.
+    bidder: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class Worker(Base):

@@ -47,13 +47,14 @@ def _check(fn: object) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def write_profile(directory: Path, name: str, skills: list[str]) -> Path:
-    """An equal profile for every test node: only the skills differ."""
+def write_profile(directory: Path, name: str, skills: list[str], extra: str = "") -> Path:
+    """An equal profile for every test node: only the skills differ (and ``extra`` TOML
+    lines, e.g. a bidder of its own)."""
     path = directory / f"{name}.toml"
     caps = ", ".join(f'"{s}"' for s in skills)
     path.write_text(
         f'name = "{name}"\ncapabilities = [{caps}]\ncapacity = 4\n'
-        "price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n"
+        f"price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n{extra}"
     )
     return path
 
@@ -132,19 +133,26 @@ def _repoint(app: Celery, broker: str, backend: str) -> None:
 def running_cluster(database_url: str, directory: Path, backend: str,
                     broker: str = BROKER, result_backend: str | None = None,
                     extra_env: dict[str, str] | None = None,
-                    nodes: Mapping[str, list[str]] = NODES) -> Iterator[Cluster]:
+                    nodes: Mapping[str, list[str]] = NODES,
+                    profiles: dict[str, str] | None = None) -> Iterator[Cluster]:
     """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
     at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
+    ``profiles``: more TOML lines for a node's profile, by node name.
+    Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
+    says otherwise: the test nodes all bid with the built-in function, so under the default,
+    "auto", every auction would be proxied, and the tests of the asking path (the bid
+    requests, the board, silent rounds) would test nothing (tests/integration/test_bidders.py
+    runs "auto", test_proxy.py "proxy").
     """
     from tests.integration.app import app
 
+    extra_env = {"BIDDING_BID_MODE": "ask", **(extra_env or {})}
     if broker.startswith("redis"):
         # Every cluster names its nodes alike: a message an earlier cluster left in exec.north
         # or bidding:requests:north must not reach this one's north.
         redis.Redis.from_url(broker).flushdb()
-    extra_env = extra_env or {}
     previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL", *extra_env)}
     os.environ["BIDDING_DATABASE_URL"] = database_url
     os.environ.update(extra_env)
@@ -165,7 +173,8 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         cwd=ROOT,
     )
     try:
-        federation.start(write_profile(directory, n, s) for n, s in nodes.items())
+        federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""))
+                         for n, s in nodes.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)

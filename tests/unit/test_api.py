@@ -47,7 +47,9 @@ def make_app(store_url: str, **conf: Any) -> Celery:
 @pytest.fixture
 def celery_app(store_url: str) -> Celery:
     invalidate_cache()
-    return make_app(store_url)
+    # Asking its nodes, so that an auction stays open until bluefin (no worker here) answers;
+    # in "auto" the caller would bid for it and award at once.
+    return make_app(store_url, bidding_bid_mode="ask")
 
 
 @pytest.fixture
