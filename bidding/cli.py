@@ -4,6 +4,7 @@
 bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+bidding check -A proj                           # the protocol checker over the message log
 bidding api -A proj --port 8000                 # the AITP HTTP API
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
@@ -275,6 +276,36 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
         click.echo(result.model_dump_json(indent=2))
         return
     click.echo(result.render())
+
+
+@main.command()
+@click.argument("task_ids", nargs=-1, metavar="[TASK_ID]...")
+@app_option
+@db_option
+@click.option("--since", type=float, default=0.0, help="Only tasks announced after (Unix time).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def check(task_ids: tuple[str, ...], app_name: str | None, database_url: str | None,
+          since: float, as_json: bool) -> None:
+    """Check the message log against the protocol (seed 002's protocol checker).
+
+    Every task's messages (or those of the TASK_IDs given) are replayed through the rules in
+    docs/architecture.md ("The protocol checker"). Exit status 0 when every task keeps the
+    protocol, 1 when any does not; each offending task is printed with the rule it breaks.
+    """
+    from bidding.observe.logcheck import check_log
+    from bidding.store import ensure_schema
+
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        verdict = check_log(settings.database_url, list(task_ids) or None, since)
+    if as_json:
+        click.echo(json.dumps({"ok": verdict.ok, **verdict.model_dump(mode="json"),
+                               "by_rule": verdict.by_rule()}, indent=2))
+    else:
+        click.echo(verdict.render())
+    if not verdict.ok:
+        sys.exit(1)
 
 
 @main.command()
