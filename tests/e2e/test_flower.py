@@ -34,10 +34,7 @@ from bench.common.procstat import process_tree
 from bidding.config import Settings, load_settings
 from bidding.nodes.embedded import EmbeddedRedis, free_port
 from bidding.nodes.federation import Federation
-from bidding.nodes.heartbeat import heartbeat, mark_offline
-from bidding.nodes.profile import NodeProfile
-from bidding.nodes.registry import invalidate_cache
-from tests.conftest import require
+from tests.conftest import bury, ghost, require
 
 pytestmark = pytest.mark.e2e
 
@@ -398,7 +395,7 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
     # given a second candidate for GPU work that never answers (a node killed before its
     # heartbeat expired), so the auction stays open for its window (2 s), and redfin's pool
     # stopped, so the award waits for it
-    ghost(settings, "ghost", ["gpu_inference"])
+    ghost(settings, ["gpu_inference"])
     try:
         with paused(federation, "redfin"):
             # when a caller submits GPU work (no start deadline: it waits for redfin)
@@ -417,7 +414,7 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
                 SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(shot, SCREENSHOT)
     finally:
-        bury(settings, "ghost")
+        bury(settings, status="stopped")
     # when redfin's pool resumes, then it runs the task and Flower shows it succeeded there
     assert first.get(timeout=30)["embedding"]
     done = log.until("SUCCESS", timeout=15)
@@ -482,16 +479,3 @@ def dropped(settings: Settings, task_id: str, node: str) -> bool:
         return session.execute(select(Message.id).where(
             Message.task_id == task_id, Message.kind == "STALE_UPDATE",
             Message.node == node)).first() is not None
-
-
-def ghost(settings: Settings, name: str, skills: list[str]) -> None:
-    """A live node (a heartbeat and nothing else): it is asked to bid and never answers."""
-    heartbeat(settings, NodeProfile(name=name, capabilities=skills, capacity=4,
-                                    price_per_unit=0.01, latency_ms=50, trust=70))
-    invalidate_cache()
-
-
-def bury(settings: Settings, name: str) -> None:
-    """A ghost no more: stopped, so no task waits for it to come back."""
-    mark_offline(settings, name, status="stopped")
-    invalidate_cache()
