@@ -108,6 +108,11 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         if bidding_profile:
             # Set before the pool forks, so every child runs as the same node.
             os.environ[PROFILE_ENV] = bidding_profile
+        if getattr(worker, "task_events", False):
+            # -E on the command line is the worker's, not the app's: recorded where this
+            # process (and its pool, forked from it) looks when it sends the auction's task
+            # events (``lifecycle.events``), as Celery's own are sent.
+            worker.app.conf.worker_send_task_events = True
         settings = get_settings(worker.app)
         check_default_strategy(settings)
         profile = current_profile(settings)
@@ -220,7 +225,7 @@ class MonitorStep(_NodeLoopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        self.monitor = Monitor(self.settings)
+        self.monitor = Monitor(self.settings, app=consumer.app)
 
     def start(self, consumer: Any) -> None:
         """Start watching."""

@@ -5,6 +5,7 @@ bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfi
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
 bidding monitor -A proj | bidding reset TASK_ID -A proj   # seed 002's watch of delegated work
+bidding check -A proj                           # the protocol checker over the message log
 bidding api -A proj --port 8000                 # the AITP HTTP API
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
@@ -225,7 +226,8 @@ def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
     from bidding.observe.checking import check_due
     from bidding.observe.monitor import Monitor
 
-    settings = _settings(app_name, database_url)
+    app = _load_app(app_name) if app_name else None
+    settings = _settings(app_name, database_url, app=app)
     # Escalations are warnings of bidding's loggers; the store's migrations say nothing here.
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
     logging.getLogger("bidding").setLevel(logging.INFO)
@@ -234,10 +236,10 @@ def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
 
         ensure_schema(settings.database_url)
         if once:
-            done = check_due(settings)
+            done = check_due(settings, app=app)
             click.echo(f"{done.written} check(s) written, {len(done.escalated)} escalated")
             return
-    loop = Monitor(settings)
+    loop = Monitor(settings, app=app)
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
@@ -345,6 +347,36 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
         click.echo(result.model_dump_json(indent=2))
         return
     click.echo(result.render())
+
+
+@main.command()
+@click.argument("task_ids", nargs=-1, metavar="[TASK_ID]...")
+@app_option
+@db_option
+@click.option("--since", type=float, default=0.0, help="Only tasks announced after (Unix time).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def check(task_ids: tuple[str, ...], app_name: str | None, database_url: str | None,
+          since: float, as_json: bool) -> None:
+    """Check the message log against the protocol (seed 002's protocol checker).
+
+    Every task's messages (or those of the TASK_IDs given) are replayed through the rules in
+    docs/architecture.md ("The protocol checker"). Exit status 0 when every task keeps the
+    protocol, 1 when any does not; each offending task is printed with the rule it breaks.
+    """
+    from bidding.observe.logcheck import check_log
+    from bidding.store import ensure_schema
+
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        verdict = check_log(settings.database_url, list(task_ids) or None, since)
+    if as_json:
+        click.echo(json.dumps({"ok": verdict.ok, **verdict.model_dump(mode="json"),
+                               "by_rule": verdict.by_rule()}, indent=2))
+    else:
+        click.echo(verdict.render())
+    if not verdict.ok:
+        sys.exit(1)
 
 
 @main.command()

@@ -205,7 +205,8 @@ def create_app(celery_app: Celery) -> FastAPI:
     @api.get("/aitp/stats", response_model=Stats, dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})
     def get_stats(since: float = 0.0) -> Stats:
-        """``bidding stats``: tasks per node, success rate, assignment latency p50/p99."""
+        """``bidding stats``: tasks per node, success rate, assignment latency p50/p99,
+        success per task type, escalations, and the protocol checker's verdict."""
         return collect(url, since)
 
     return api

@@ -27,7 +27,7 @@ from bidding.auction.request_view import bidder_view
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
@@ -101,10 +101,20 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     """
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
+    sent: list[bool] = []
+
+    def opened() -> None:
+        # Flower's ANNOUNCED, once, before anything can answer or award (its events must
+        # reach Flower in the auction's order).
+        if not sent:
+            sent.append(True)
+            events.announced(app, rfp, len(candidates))
+
     proxied, asked = split_by_bidder(rfp.bid_mode or settings.bid_mode, live, candidates)
     proxy = bool(candidates) and not asked
     if proxy and new and decides_at_once(strategy_of(settings, rfp)):
         # The announcement, its bids and its award in one transaction.
+        opened()
         if _award_by_proxy(app, settings, rfp, live, candidates,
                            opening=lambda session: _record_new(session, rfp, candidates)):
             return True
@@ -127,7 +137,9 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     early = (view is not None and view[1] and new and fresh_id
              and get_board(settings, app).writes_on_award)
     if early:
+        opened()
         _ask(app, settings, rfp, live, proxied, asked, view)
+
     def record() -> bool | str:
         with write_session(settings.database_url) as session:
             if waiting:
@@ -147,17 +159,27 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
 
     # A caller's .delay() waits out a store restart (a few seconds) rather than fail; a
     # sweeper's due task is simply taken again by the next sweep.
-    deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
-                           patience=CALLER_PATIENCE) if new else record())
+    try:
+        deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
+                               patience=CALLER_PATIENCE) if new else record())
+    except Exception as exc:
+        if sent:  # Flower was told it is open: it is not (the caller gets the exception)
+            events.failed(app, rfp, exc)
+        raise
     if not deferred:
         return False
     if waiting:
+        events.deferred(app, rfp, f"waiting for {', '.join(waiting)} (reconnecting)")
         return True
     if defer:
         if isinstance(deferred, str):
             # After the commit: errbacks may run here, and must not hold the write lock.
             escalate(app, settings, rfp, deferred)
+        else:
+            events.deferred(app, rfp, "no live node offers "
+                            + (", ".join(rfp.required_skills) or "any skill"))
         return True
+    opened()
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
     elif proxy:
@@ -291,6 +313,7 @@ def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) ->
     """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
     from bidding.signals import notify, task_escalated
 
+    events.escalated(app, rfp, reason)
     fail_caller(app, settings, rfp, EscalatedError(reason))
     notify(settings, task_escalated, "task_escalated", task_id=rfp.task_id, reason=reason)
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
+from celery import Celery
 from sqlalchemy import (
     CursorResult,
     Float,
@@ -30,7 +31,7 @@ from sqlalchemy import (
 )
 
 from bidding.config import Settings
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.observe.watch import (
     SILENT_BEATS,
     Action,
@@ -192,8 +193,10 @@ def claim(settings: Settings, checks: list[Check], now: float) -> list[Check]:
     return written
 
 
-def check_due(settings: Settings, now: float | None = None, limit: int = 500) -> Pass:
-    """One pass: check every delegated task that is due, escalate those past their last check."""
+def check_due(settings: Settings, now: float | None = None, limit: int = 500,
+              app: Celery | None = None) -> Pass:
+    """One pass: check every delegated task that is due, escalate those past their last check
+    (with ``app``, an escalation is also a ``task-escalated`` event, Flower's ESCALATED)."""
     now = time.time() if now is None else now
     checks, result = plan(settings, now, limit)
     if not checks:
@@ -206,6 +209,9 @@ def check_due(settings: Settings, now: float | None = None, limit: int = 500) ->
                                     check.decision.state.escalation or "")
             result.escalated.append(escalation)
             escalated(settings, escalation)
+            if app is not None:
+                events.send(app, events.ESCALATED, escalation.task_id, reason=escalation.reason,
+                            node=escalation.node, attempt=escalation.attempt)
     return result
 
 

@@ -8,6 +8,8 @@ harmless: each check is claimed by a compare-and-set.
 
 from __future__ import annotations
 
+from celery import Celery
+
 from bidding.config import Settings
 from bidding.nodes.periodic import Periodic
 from bidding.observe.checking import Pass, check_due
@@ -18,8 +20,11 @@ class Monitor:
     """A restartable loop of watch passes; its interval follows the shortest first wait of
     any policy and the number of nodes whose monitors share the work."""
 
-    def __init__(self, settings: Settings, name: str = "bidding-monitor") -> None:
+    def __init__(self, settings: Settings, name: str = "bidding-monitor",
+                 app: Celery | None = None) -> None:
         self.settings = settings
+        #: Where escalations are sent as Flower events (when its events are on).
+        self.app = app
         self.last = Pass(shortest_wait=settings.initial_check_wait_time)
         self._loop = Periodic(name, self.interval, self.run_once, jitter=0.25)
 
@@ -29,7 +34,7 @@ class Monitor:
 
     def run_once(self) -> Pass:
         """One pass now."""
-        self.last = check_due(self.settings)
+        self.last = check_due(self.settings, app=self.app)
         return self.last
 
     @property

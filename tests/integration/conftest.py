@@ -22,12 +22,11 @@ from celery import Celery
 
 from bidding.config import Settings, get_settings, reset_settings
 from bidding.nodes.federation import Federation
-from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import dispose_all, upgrade
 from bidding.store.migrate import forget_schema_checks
-from tests.conftest import POSTGRES_URL, REDIS_DB, REDIS_URL, require
+from tests.conftest import POSTGRES_URL, REDIS_DB, REDIS_URL, bury, ghost, require
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = f"{REDIS_URL}/{REDIS_DB}"
@@ -101,16 +100,11 @@ class Cluster:
 
     def ghost(self, skills: list[str], name: str = "ghost") -> NodeProfile:
         """Register a live node whose queues nobody consumes (a heartbeat and nothing else)."""
-        profile = NodeProfile(name=name, capabilities=skills, capacity=4, price_per_unit=0.01,
-                              latency_ms=50, trust=70)
-        heartbeat(self.settings, profile)
-        invalidate_cache()
-        return profile
+        return ghost(self.settings, skills, name)
 
     def bury(self, name: str = "ghost") -> None:
         """Take a ghost out of the candidates again."""
-        mark_offline(self.settings, name)
-        invalidate_cache()
+        bury(self.settings, name)
 
 
 def _repoint(app: Celery, broker: str, backend: str) -> None:

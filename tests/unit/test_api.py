@@ -248,6 +248,12 @@ def test_stats_are_those_of_bidding_stats(client: TestClient, store_url: str) ->
     # when the stats are read, then it is counted, unfinished
     stats = client.get("/aitp/stats").json()
     assert (stats["announced"], stats["unfinished"]) == (1, 1)
+    # with its task type, the escalations, and the protocol checker's verdict on its log
+    [task_type] = stats["task_types"]
+    assert (task_type["announced"], task_type["unfinished"]) == (1, 1)
+    assert (stats["escalated"], stats["watch_escalated"]) == (0, 0)
+    assert stats["protocol"] == {"tasks_checked": 1, "violations": 0,
+                                 "tasks_with_violations": 0, "by_rule": {}}
     # and ?since= after it leaves it out
     assert client.get("/aitp/stats", params={"since": time.time() + 60}).json()[
         "announced"] == 0
