@@ -399,8 +399,10 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
     try:
         with paused(federation, "redfin"):
             # when a caller submits GPU work (no start deadline: it waits for redfin)
-            first = gpu_inference.apply_async(("phases",),
-                                              bidding={"schedule_to_start_timeout": 0})
+            # (asking every candidate: in the default "auto" mode the announcer would bid for
+            # the ghost, whose heartbeat says it has the built-in bidder)
+            first = gpu_inference.apply_async(("phases",), bidding={
+                "schedule_to_start_timeout": 0, "bid_mode": "ask"})
             log = StateLog(flower, first.id)
             # then Flower shows it ANNOUNCED while the auction is open, from the auctioneer
             announced = log.until("ANNOUNCED", timeout=10)
