@@ -2,22 +2,25 @@
 ``bidding explain``, ``bidding nodes`` and ``bidding stats``, as a FastAPI application.
 
 Every route reads the store or calls the function the command line calls: ``bidding.submit``,
-``task_status``, ``graph_progress``, ``explain``, ``node_views``, ``stats.collect``.
+``task_status``, ``graph_progress``, ``explain``, ``node_views``, ``stats.collect``,
+``recent_auctions``, ``assignments_over_time``. The dashboard (``api.dashboard``) is served at
+``/`` and reads these routes only.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from celery import Celery
-from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel
 from sqlalchemy.exc import OperationalError
 
 from bidding.api.auth import read_access, write_access
+from bidding.api.dashboard import mount_dashboard
 from bidding.api.models import FINAL, NotDone, Problem, Submitted, TaskResult, TaskState, aitp_state
 from bidding.app import install
 from bidding.config import get_settings
@@ -26,10 +29,12 @@ from bidding.graphs.progress import GraphProgress, graph_progress, is_graph
 from bidding.graphs.spec import TaskDefinition
 from bidding.graphs.submit import submit
 from bidding.graphs.validate import GraphValidationError
+from bidding.observe.auctions import MAX_LIMIT, AuctionFeed, recent_auctions
 from bidding.observe.explain import Explanation, explain
 from bidding.observe.nodes import NodeView, node_views
 from bidding.observe.stats import Stats, collect
 from bidding.observe.status import TaskStatus, task_status
+from bidding.observe.timeline import MAX_BUCKETS, Timeline, assignments_over_time
 from bidding.store import ensure_schema, store_label
 
 _401: dict[int | str, dict[str, Any]] = {
@@ -39,6 +44,10 @@ _404: dict[int | str, dict[str, Any]] = {
 _503: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "The store (or, for a write, the broker) cannot "
           "be reached"}}
+
+
+#: The largest id a store's integer column holds (SQLite's and PostgreSQL's BIGINT).
+_MAX_ID = 2**63 - 1
 
 
 class GraphBids(BaseModel):
@@ -208,4 +217,32 @@ def create_app(celery_app: Celery) -> FastAPI:
         """``bidding stats``: tasks per node, success rate, assignment latency p50/p99."""
         return collect(url, since)
 
+    @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,
+             tags=["auctions"], responses={**_401, **_503})
+    def get_auctions(
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT,
+                                    description="how many auctions, newest first")] = 20,
+        after: Annotated[int, Query(ge=0, le=_MAX_ID, description="only auctions that "
+                                    "closed after this cursor (a previous answer's)")] = 0,
+    ) -> AuctionFeed:
+        """The auctions that closed last: each one's bids with their scores and breakdowns,
+        the winner, the assignment latency, and why the winner won."""
+        return recent_auctions(url, limit=limit, after=after)
+
+    @api.get("/aitp/timeline", response_model=Timeline, dependencies=reads, tags=["nodes"],
+             responses={**_401, **_503})
+    def get_timeline(
+        since: Annotated[float | None, Query(
+            allow_inf_nan=False, description="Unix time the chart starts at (default: the "
+            "first assignment of the last hour)")] = None,
+        until: Annotated[float | None, Query(
+            allow_inf_nan=False, description="Unix time the chart ends at (default: the "
+            "latest assignment)")] = None,
+        buckets: Annotated[int, Query(ge=1, le=MAX_BUCKETS)] = 30,
+    ) -> Timeline:
+        """Assignments per node over time (awards and moves to the next-best bidder), counted
+        in equal time buckets."""
+        return assignments_over_time(url, since=since, until=until, buckets=buckets)
+
+    mount_dashboard(api)
     return api
