@@ -34,4 +34,4 @@ e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
 clean:
-	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache .hypothesis

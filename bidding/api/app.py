@@ -13,11 +13,11 @@ import time
 from typing import Annotated, Any
 
 from celery import Celery
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 
 from bidding.api.auth import read_access, write_access
 from bidding.api.dashboard import mount_dashboard
@@ -46,8 +46,12 @@ _503: dict[int | str, dict[str, Any]] = {
           "be reached"}}
 
 
-#: The largest id a store's integer column holds (SQLite's and PostgreSQL's BIGINT).
-_MAX_ID = 2**63 - 1
+#: The largest id the message log holds: its id column is a 32-bit INTEGER on PostgreSQL.
+_MAX_ID = 2**31 - 1
+#: A task's id in a path. No store can hold a NUL character (PostgreSQL refuses it in text),
+#: so an id with one is refused as such (422) instead of failing in the store (500).
+TaskId = Annotated[str, Path(pattern=r"^[^\x00]+$", description="a task graph's id (POST "
+                             "/aitp/tasks) or a bidding task's (.delay())")]
 
 
 class GraphBids(BaseModel):
@@ -120,6 +124,15 @@ def create_app(celery_app: Celery) -> FastAPI:
         return JSONResponse(status_code=503, content={
             "detail": f"cannot open the store {store_label(url)}: {reason}"})
 
+    @api.exception_handler(DataError)
+    async def unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # A value of the request the store cannot hold (PostgreSQL: a NUL character in a
+        # definition's text): the request's fault, said as FastAPI says a bad field.
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": ["body"], "msg": f"the store cannot hold a value of it: {reason}",
+             "type": "unstorable_value"}]})
+
     @api.exception_handler(BrokerError)
     async def broker_down(request: Request, exc: BrokerError) -> JSONResponse:
         return JSONResponse(status_code=503, content={
@@ -127,7 +140,9 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.post("/aitp/tasks", status_code=status.HTTP_201_CREATED, response_model=Submitted,
               dependencies=writes, tags=["tasks"],
-              responses={**_401, **_503, 422: {
+              responses={**_401, **_503, 400: {
+                  "model": Problem, "description": "The body cannot be read (bytes that are "
+                  "not UTF-8 text)"}, 422: {
                   "model": Problem, "description": "The definition does not validate, or "
                   "cannot run (the detail names the subtask and field)"}})
     def submit_task(definition: TaskDefinition) -> Submitted:
@@ -147,7 +162,7 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.get("/aitp/tasks/{task_id}", response_model=TaskState, dependencies=reads,
              tags=["tasks"], responses={**_401, **_404, **_503})
-    def get_task(task_id: str) -> TaskState:
+    def get_task(task_id: TaskId) -> TaskState:
         """AITP 8.2: a submitted task graph, or a bidding task (``.delay()``) by its id."""
         try:
             if is_graph(url, task_id):
@@ -159,7 +174,7 @@ def create_app(celery_app: Celery) -> FastAPI:
     @api.get("/aitp/tasks/{task_id}/result", response_model=TaskResult, dependencies=reads,
              tags=["tasks"], responses={**_401, **_404, **_503, 409: {
                  "model": NotDone, "description": "The task has not ended yet"}})
-    def get_result(task_id: str) -> TaskResult | JSONResponse:
+    def get_result(task_id: TaskId) -> TaskResult | JSONResponse:
         """AITP 8.3: the outcome of a task that ended; 409 while it runs."""
         try:
             if is_graph(url, task_id):
@@ -186,7 +201,7 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.get("/aitp/tasks/{task_id}/bids", response_model=Explanation | GraphBids,
              dependencies=reads, tags=["auctions"], responses={**_401, **_404, **_503})
-    def get_bids(task_id: str) -> Explanation | GraphBids:
+    def get_bids(task_id: TaskId) -> Explanation | GraphBids:
         """Every bid of the task's auction, its score breakdown, the strategy and the winner
         (``bidding explain --json``); for a task graph, each started subtask's."""
         try:

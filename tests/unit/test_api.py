@@ -55,11 +55,17 @@ def client(celery_app: Celery) -> TestClient:
     return TestClient(create_app(celery_app))
 
 
+def nodes_beat(store_url: str, *names: str) -> None:
+    """The demo's nodes ``names`` (profiles in workers/) are alive, as their heartbeats say."""
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    for name in names:
+        heartbeat(settings, load_profile(REPO / "workers" / f"{name}.toml"))
+    invalidate_cache()
+
+
 def bluefin_beats(store_url: str) -> None:
     """Node bluefin (pdf_text_extraction) is alive: auctions stay open, waiting for its bid."""
-    settings = load_settings({"bidding_database_url": store_url}, environ={})
-    heartbeat(settings, load_profile(REPO / "workers" / "bluefin.toml"))
-    invalidate_cache()
+    nodes_beat(store_url, "bluefin")
 
 
 def finish(store_url: str, task_id: str, value: Any) -> None:
