@@ -195,7 +195,8 @@
           a.outcome === "fallback" ? " (fallback)" : "",
           h("span", {class: "muted"}, ` in ${ms(a.assignment_ms)}`))
       : h("span", {class: "outcome bad"}, `no award: ${a.error || ""}`);
-    return h("article", {class: "auction", "data-task": a.task_id, "data-winner": a.winner || ""},
+    return h("article", {class: "auction", "data-task": a.task_id, "data-attempt": a.attempt,
+                          "data-winner": a.winner || ""},
       h("div", {class: "line"},
         h("span", {class: "time"}, clock(a.closed_at)),
         taskLink(a.task_id, label),
@@ -232,7 +233,7 @@
     const y = (v) => top + (H - top - bottom) * (1 - v / peak);
     const parts = [];
     parts.push(svg("line", {x1: left, y1: y(0), x2: W, y2: y(0), class: "axis"}));
-    for (const tick of [0, Math.ceil(peak / 2), peak]) {
+    for (const tick of new Set([0, Math.ceil(peak / 2), peak])) {
       parts.push(svg("text", {x: left - 4, y: y(tick) + 4, class: "tick", "text-anchor": "end"}, String(tick)));
     }
     tl.buckets.forEach((b, i) => {
@@ -251,7 +252,8 @@
       parts.push(svg("text", {x: left, y: H - 6, class: "tick"}, clock(tl.since)));
       parts.push(svg("text", {x: W, y: H - 6, class: "tick", "text-anchor": "end"}, clock(tl.until)));
       parts.push(svg("text", {x: (left + W) / 2, y: H - 6, class: "tick", "text-anchor": "middle"},
-        `${num(tl.bucket_seconds, tl.bucket_seconds < 10 ? 1 : 0)} s a bar`));
+        tl.bucket_seconds < 1 ? `${Math.round(tl.bucket_seconds * 1000)} ms a bar`
+          : `${num(tl.bucket_seconds, tl.bucket_seconds < 10 ? 1 : 0)} s a bar`));
     }
     return h("figure", {class: "chart"},
       svg("svg", {viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "assignments per node over time"}, parts),
