@@ -175,7 +175,7 @@ def _wait_for_ctrl_c() -> None:
 
 def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool = False) -> int:
     """Run the demo; returns 0 when every submitted task reached a final state."""
-    from bidding.demo.web import start_web, stop_web, wait_web
+    from bidding.demo.web import exited, signal_web, start_web, stop_web, wait_web
     from bidding.nodes.embedded import EmbeddedRedis
     from bidding.nodes.federation import Federation
 
@@ -216,10 +216,18 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
     try:
         print(f"starting {len(PROFILES)} nodes: {', '.join(PROFILES)} (logs in {DEMO_DIR}/logs)")
         federation.start(f"workers/{p}.toml" for p in PROFILES)
-        # The web services start while the nodes do: they are up by the time the nodes are.
-        web, missing = start_web("bidding.demo.app", os.environ, DEMO_DIR / "logs")
+        missing: list[str] = []
+        if keep:
+            # Started with the nodes and waited for before the stream, so that Flower (which
+            # knows a task from the events it receives) shows every task of the run.
+            web, missing = start_web("bidding.demo.app", os.environ, DEMO_DIR / "logs")
         federation.wait_live(settings, timeout=120)
-        for problem in [*missing, *wait_web(web)]:
+        if not keep:
+            # Started once the nodes are up, at low priority, and not waited for: on a small
+            # machine their start-up would otherwise delay the nodes', and a demo that ends on
+            # its own would take longer for services it stops soon after.
+            web, missing = start_web("bidding.demo.app", os.environ, DEMO_DIR / "logs")
+        for problem in [*missing, *(wait_web(web) if keep else [])]:
             print(problem)
         _addresses(web)
         print("all nodes live; submitting tasks\n")
@@ -252,6 +260,8 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
         print(f"\nexplain any task:  bidding explain {example} -A bidding.demo.app")
         if unfinished:
             print(f"{unfinished} task(s) did not reach a final state within 60 s")
+        for problem in exited(web):
+            print(problem)
         if keep:
             print("\n--keep: the dashboard, Flower, the nodes and the broker keep running; "
                   "Ctrl-C stops them", flush=True)
@@ -260,7 +270,8 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
         return 1 if unfinished else 0
     finally:
         stop.set()
-        stop_web(web)
+        signal_web(web)  # they stop while the nodes do
         federation.stop()
+        stop_web(web)
         if embedded is not None:
             embedded.stop()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -60,12 +62,18 @@ def _port(preferred: int) -> int:
     return preferred if port_is_free(preferred) else free_port()
 
 
+def _nice() -> None:
+    # The nodes start at the same time and the demo waits for them: their start-up goes first
+    # on a small machine, and these processes take what CPU is left (they are idle after).
+    os.nice(10)
+
+
 def _spawn(cmd: list[str], env: Mapping[str, str], log: Path) -> subprocess.Popen[bytes]:
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as handle:
         # A session of its own, so stopping it stops its children too (uvicorn, tornado).
         return subprocess.Popen(cmd, env=dict(env), stdout=handle, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=_nice)
 
 
 def start_web(app: str, env: Mapping[str, str], log_dir: Path) -> tuple[list[WebService],
@@ -114,7 +122,22 @@ def wait_web(services: list[WebService], timeout: float = 60.0) -> list[str]:
     return problems
 
 
+def exited(services: list[WebService]) -> list[str]:
+    """A problem line (with its log) for each service that has exited."""
+    return [f"{s.name} exited with {s.process.returncode}:\n{s.tail()}"
+            for s in services if s.process.poll() is not None]
+
+
+def signal_web(services: list[WebService]) -> None:
+    """Ask every web process to stop (SIGTERM), without waiting: see ``stop_web``."""
+    for s in services:
+        if s.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(s.process.pid, signal.SIGTERM)
+
+
 def stop_web(services: list[WebService]) -> None:
-    """Stop every web process (SIGTERM, then SIGKILL if it lingers)."""
+    """Stop every web process: SIGTERM, and SIGKILL for one that lingers."""
+    signal_web(services)
     for s in services:
         stop_process(s.process, timeout=10)

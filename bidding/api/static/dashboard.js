@@ -355,7 +355,8 @@
         h("span", {}, "strategy ", h("b", {}, ex.strategy)),
         h("span", {}, "required skills ", h("b", {}, ex.required_skills.join(", ") || "-")),
         h("span", {}, "preferred node ", h("b", {}, ex.preferred_node || "-")),
-        h("span", {}, "candidates ", ex.candidates.length ? ex.candidates.map((c) => nodeTag(c)) : "-"),
+        h("span", {}, "candidates ", ex.candidates.length
+          ? ex.candidates.flatMap((c, i) => (i ? [", ", nodeTag(c)] : [nodeTag(c)])) : "-"),
         ex.attempt > 1 ? h("span", {}, "attempt ", h("b", {}, ex.attempt)) : null),
       verdict(ex),
       bidsTable(ex),
