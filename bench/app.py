@@ -26,6 +26,10 @@ from bidding.config import celery_conf
 BROKER = os.environ.get("BENCH_BROKER", "redis://127.0.0.1:6379/9")
 #: The skill every benchmark node has and the bidding task requires.
 SKILL = "bench"
+#: The skills of the node with a bidder of its own ("mixed" bid mode), asked for too: two of
+#: the three a mixed auction requires, so that its skill match (2/3, the others' 1/3) keeps it
+#: among the capped candidates however the others' learned trust grows.
+ASKED_SKILLS = ("bench_asked", "bench_asked_too")
 #: The queue of the plain worker.
 PLAIN_QUEUE = "plain"
 
@@ -50,6 +54,12 @@ def noop(value: Any = None) -> Any:
 def auction_noop(value: Any = None) -> Any:
     """The same no-op, auctioned among the benchmark nodes."""
     return value
+
+
+def keep_draft(rfp: bidding.Announcement, draft: bidding.Bid) -> None:
+    """The bidder of the "mixed" mode's asked node: it keeps the built-in draft, so that what
+    is measured is the cost of asking a node, not of a bidder's own work."""
+    return None
 
 
 if os.environ.get("BENCH_TRACE"):

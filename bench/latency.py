@@ -74,9 +74,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="BIDDING_HEARTBEAT_INTERVAL (default 5; ttl is 6x)")
     parser.add_argument("--candidate-cap", type=int, default=None,
                         help="BIDDING_CANDIDATE_CAP (default: the library's, 8)")
-    parser.add_argument("--bid-modes", default="ask,proxy",
-                        help="bidding_bid_mode(s) of the caller, each measured against the same "
-                             "nodes and plain baseline (default ask,proxy)")
+    parser.add_argument("--bid-modes", default="auto,mixed",
+                        help="bidding_bid_mode(s) of the caller (auto, ask, proxy), each "
+                             "measured against the same nodes and plain baseline; mixed: auto "
+                             "with one node among the candidates that has a bidder of its own "
+                             "(default auto,mixed)")
     parser.add_argument("--store", default=None,
                         help="a PostgreSQL server URL for the redis backend's store (a fresh "
                              "database is created and dropped); default: a SQLite file")

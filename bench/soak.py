@@ -38,6 +38,7 @@ from bench.common.log import log
 from bench.common.paths import ROOT
 from bench.common.postgres import scratch_database
 from bench.common.redis_server import PrivateRedis
+from bidding.observe.logcheck import CheckReport, check_log
 
 POSTGRES = os.environ.get("BIDDING_TEST_POSTGRES",
                           "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -81,6 +82,8 @@ class SoakResult:
     verdict: Verdict
     faults: list[str] = field(default_factory=list)
     chaos_errors: list[str] = field(default_factory=list)
+    #: The protocol checker's verdict over the log of every task in the store.
+    protocol: CheckReport | None = None
     seconds: float = 0.0
     settle_seconds: float = 0.0
 
@@ -183,6 +186,7 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
         settle_seconds = time.time() - settle
         store, journal, unfinished = _read_store(database_url,
                                                  [s.task_id for s in submitted])
+        protocol = check_log(database_url)
     finally:
         chaos.stop()
         federation.stop()
@@ -193,7 +197,9 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
     # A .delay() that raised must leave nothing half-recorded: any row it wrote is final.
     verdict.problems += [f"task {t} was refused by .delay() but its row is left {state}"
                          for t, state in unfinished]
-    return SoakResult(config, verdict,
+    # Every task's log keeps the protocol, faults and all (seed 002's independent check).
+    verdict.problems += [f"protocol: {v.line()}" for v in protocol.violations]
+    return SoakResult(config, verdict, protocol=protocol,
                       faults=[f"{f.kind} {f.node or f.detail} at +{f.at - started:.1f}s"
                               for f in chaos.faults],
                       chaos_errors=chaos.errors, seconds=time.time() - started,
@@ -291,12 +297,23 @@ def report(result: SoakResult) -> str:
             "REAWARDED", "RETRYING", "WORKER_LOST", "RESENT", "SEND_FAILED", "DEFERRED")),
         f"- took {result.seconds:.0f} s ({c.submit_seconds:.0f} s of submission at "
         f"{c.rate:g}/s; the last outcome {result.settle_seconds:.1f} s after it)",
+        f"- protocol checker: {_protocol(result.protocol)}",
         f"- verdict: {'held' if v.ok else 'FAILED'}"
         + ("" if v.ok else f" ({len(v.problems)} problems)"),
     ]
     lines += [f"  - {p}" for p in v.problems[:50]]
     lines += [f"  - chaos error: {e}" for e in result.chaos_errors]
     return "\n".join(lines) + "\n"
+
+
+def _protocol(protocol: CheckReport | None) -> str:
+    if protocol is None:
+        return "not run"
+    if protocol.ok:
+        return f"{protocol.tasks} task logs checked, every one keeps the protocol"
+    rules = ", ".join(f"{rule} {n}" for rule, n in protocol.by_rule().items())
+    return (f"{protocol.tasks} task logs checked, {len(protocol.violations)} violation(s) in "
+            f"{len(protocol.offending())} ({rules})")
 
 
 def _fault_counts(faults: list[str]) -> str:

@@ -9,6 +9,7 @@ def extract(url): ...
 
 extract.delay(url).get()           # announced, bid on, awarded, run on the winner
 bidding.explain(result.id, app=app)
+bidding.reset(result.id, app=app)  # clear an escalated task's checking state (seed 002)
 ```
 """
 
@@ -32,10 +33,11 @@ from bidding.graphs.progress import GraphProgress
 from bidding.graphs.spec import TaskDefinition, load_definition
 from bidding.graphs.submit import GraphHandle, submit
 from bidding.graphs.validate import GraphValidationError
-from bidding.models import Announcement, Award, Bid, Refusal, RetryPolicy, Score
+from bidding.models import Announcement, Award, Bid, BidResponse, Refusal, RetryPolicy, Score
 from bidding.nodes.profile import NodeProfile, load_profile
 from bidding.observe import status
 from bidding.observe.explain import Explanation, explain
+from bidding.observe.reset import reset
 from bidding.strategies import (
     AgentJudgment,
     BestSkillMatch,
@@ -58,6 +60,7 @@ __all__ = [
     "Award",
     "BestSkillMatch",
     "Bid",
+    "BidResponse",
     "BiddingError",
     "BiddingTask",
     "Composite",
@@ -97,6 +100,7 @@ __all__ = [
     "load_profile",
     "load_settings",
     "register_strategy",
+    "reset",
     "resolve_strategy",
     "status",
     "submit",

@@ -15,14 +15,23 @@ import click
 from celery import Celery, bootsteps
 from celery.signals import worker_process_init
 
+from bidding.auction.bidder import node_bidder
 from bidding.auction.consumer import BidConsumerStep
 from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.errors import ConfigurationError
+from bidding.execution.active import running_tasks
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
-from bidding.nodes.profile import PROFILE_ENV, bid_queue, current_profile, exec_queue
+from bidding.nodes.profile import (
+    PROFILE_ENV,
+    bid_queue,
+    current_profile,
+    exec_queue,
+    profile_source,
+)
+from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
 from bidding.strategies.resolver import resolve_strategy
@@ -39,6 +48,7 @@ def install(app: Celery) -> Celery:
     app.steps["worker"].add(NodeStep)
     app.steps["consumer"].add(BidConsumerStep)
     app.steps["consumer"].add(SweeperStep)
+    app.steps["consumer"].add(MonitorStep)
     app.steps["consumer"].add(HeartbeatStep)
     app.user_options["worker"].add(
         click.Option(
@@ -98,11 +108,19 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         if bidding_profile:
             # Set before the pool forks, so every child runs as the same node.
             os.environ[PROFILE_ENV] = bidding_profile
+        if getattr(worker, "task_events", False):
+            # -E on the command line is the worker's, not the app's: recorded where this
+            # process (and its pool, forked from it) looks when it sends the auction's task
+            # events (``lifecycle.events``), as Celery's own are sent.
+            worker.app.conf.worker_send_task_events = True
         settings = get_settings(worker.app)
         check_default_strategy(settings)
         profile = current_profile(settings)
         if profile is None:
             return
+        # A bidder that does not resolve stops the worker here, naming the profile and key,
+        # rather than refusing every bid later.
+        node_bidder(profile, profile_source(settings))
         queues = worker.app.amqp.queues
         queues.select_add(exec_queue(profile.name))
         if bid_queue(profile.name) in (queues.consume_from or {}):
@@ -120,9 +138,10 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         if earlier is not None:
             threading.Thread(target=_handle_ended, args=(settings, earlier),
                              name="bidding-predecessor", daemon=True).start()
-        logger.info("node %s: capabilities %s, capacity %s (worker %s, %s pool process(es))",
-                    profile.name, ", ".join(profile.capabilities), profile.capacity,
-                    me.hostname, me.slots or "?")
+        logger.info("node %s: capabilities %s, capacity %s, bidder %s (worker %s, %s pool "
+                    "process(es))", profile.name, ", ".join(profile.capabilities),
+                    profile.capacity, profile.bidder or "built-in", me.hostname,
+                    me.slots or "?")
 
 
 def check_default_strategy(settings: Settings) -> None:
@@ -194,6 +213,30 @@ class SweeperStep(_NodeLoopStep):
         self.sweeper.stop()
 
 
+class MonitorStep(_NodeLoopStep):
+    """Run the watch of delegated work (``observe.monitor``, seed 002): check tasks their
+    nodes have been silent about, escalate those that stay silent.
+
+    Every node worker watches, as every one sweeps; each check is claimed by a compare-and-set.
+    """
+
+    label = "bidding monitor"
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, consumer: Any, **kwargs: Any) -> None:
+        super().__init__(consumer, **kwargs)
+        self.monitor = Monitor(self.settings, app=consumer.app)
+
+    def start(self, consumer: Any) -> None:
+        """Start watching."""
+        if self.profile is not None:
+            self.monitor.start()
+
+    def stop(self, consumer: Any) -> None:
+        """Stop watching."""
+        self.monitor.stop()
+
+
 class HeartbeatStep(_NodeLoopStep):
     """Heartbeat only while this worker consumes its bid and execution queues.
 
@@ -207,7 +250,9 @@ class HeartbeatStep(_NodeLoopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current())
+        # Each beat says which tasks this worker's pool runs (what the watch's checks ask).
+        self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current(),
+                                    running=running_tasks)
                           if self.profile is not None else None)
 
     def start(self, consumer: Any) -> None:

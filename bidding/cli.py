@@ -4,6 +4,8 @@
 bidding worker workers/redfin.toml -A proj      # a Celery worker for node redfin
 bidding explain TASK_ID -A proj                 # every bid, its score breakdown, the winner
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
+bidding monitor -A proj | bidding reset TASK_ID -A proj   # seed 002's watch of delegated work
+bidding check -A proj                           # the protocol checker over the message log
 bidding api -A proj --port 8000                 # the AITP HTTP API
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
@@ -196,6 +198,64 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
 
 
 @main.command()
+@click.argument("task_id")
+@app_option
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print what was cleared as JSON.")
+def reset(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
+    """Clear TASK_ID's checking state (checks without news, next check, escalation) and put it
+    back under watch: its next check comes bidding_initial_check_wait_time from now."""
+    from bidding.observe.reset import reset as do_reset
+
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        outcome = do_reset(task_id, database_url=settings.database_url)
+    click.echo(outcome.model_dump_json(indent=2) if as_json else outcome.render())
+
+
+@main.command()
+@app_option
+@db_option
+@click.option("--once", is_flag=True, help="One pass of the due checks, then exit.")
+def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
+    """Watch delegated tasks in the foreground (seed 002): check those their nodes have been
+    silent about, with backoff, and escalate those that stay silent (a log line, the
+    task_escalated signal, bidding_notify_url). Node workers run the same loop; this one is for
+    a store no node worker watches, or to see escalations as they happen. Ctrl-C stops it."""
+    import logging
+
+    from bidding.observe.checking import check_due
+    from bidding.observe.monitor import Monitor
+
+    app = _load_app(app_name) if app_name else None
+    settings = _settings(app_name, database_url, app=app)
+    # Escalations are warnings of bidding's loggers; the store's migrations say nothing here.
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("bidding").setLevel(logging.INFO)
+    with _reading(settings.database_url):
+        from bidding.store import ensure_schema
+
+        ensure_schema(settings.database_url)
+        if once:
+            done = check_due(settings, app=app)
+            click.echo(f"{done.written} check(s) written, {len(done.escalated)} escalated")
+            return
+    loop = Monitor(settings, app=app)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    click.echo(f"watching delegated tasks in the store {store_label(settings.database_url)} "
+               "(Ctrl-C stops)")
+    loop.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        loop.stop()
+    click.echo("monitor stopped")
+
+
+@main.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @app_option
 @click.option("--input", "input_json", default=None,
@@ -266,7 +326,8 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
     for n in live:
         click.echo(f"{n.name:<12} {n.capacity:>8} {n.trust:>6.1f} {n.learned_trust:>7.1f} "
                    f"{n.attempts:>5} {n.price_per_unit:>8g} {n.latency_ms:>5.0f} ms "
-                   f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}")
+                   f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}"
+                   + (f"  (bidder {n.bidder})" if n.bidder else ""))
 
 
 @main.command()
@@ -287,6 +348,36 @@ def stats(app_name: str | None, database_url: str | None, since: float, as_json:
         click.echo(result.model_dump_json(indent=2))
         return
     click.echo(result.render())
+
+
+@main.command()
+@click.argument("task_ids", nargs=-1, metavar="[TASK_ID]...")
+@app_option
+@db_option
+@click.option("--since", type=float, default=0.0, help="Only tasks announced after (Unix time).")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
+def check(task_ids: tuple[str, ...], app_name: str | None, database_url: str | None,
+          since: float, as_json: bool) -> None:
+    """Check the message log against the protocol (seed 002's protocol checker).
+
+    Every task's messages (or those of the TASK_IDs given) are replayed through the rules in
+    docs/architecture.md ("The protocol checker"). Exit status 0 when every task keeps the
+    protocol, 1 when any does not; each offending task is printed with the rule it breaks.
+    """
+    from bidding.observe.logcheck import check_log
+    from bidding.store import ensure_schema
+
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        verdict = check_log(settings.database_url, list(task_ids) or None, since)
+    if as_json:
+        click.echo(json.dumps({"ok": verdict.ok, **verdict.model_dump(mode="json"),
+                               "by_rule": verdict.by_rule()}, indent=2))
+    else:
+        click.echo(verdict.render())
+    if not verdict.ok:
+        sys.exit(1)
 
 
 @main.command()

@@ -10,12 +10,12 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError
-from bidding.models import NoBidPolicy, describe_validation
+from bidding.models import BidMode, NoBidPolicy, describe_validation
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -59,12 +59,20 @@ class Settings(BaseModel):
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
     #: the store), "store", or a Redis URL (see bidding.auction.board).
     bid_board: str = "auto"
-    #: Who makes the bids: "ask" sends each candidate a bid request and its node answers;
-    #: "proxy" has the announcing process compute the candidates' bids itself, with the nodes'
-    #: own bid function on their published profiles and their history in the store, and award
-    #: at once (see bidding.auction.proxy). Set it where tasks are announced (callers and node
-    #: workers, whose sweepers announce retries).
-    bid_mode: Literal["ask", "proxy"] = "ask"
+    #: Who makes the bids: "auto" has the announcer make the bids of the candidates whose
+    #: profile names no bidder of their own (their heartbeat says so), as "proxy" does, and
+    #: ask the others, in one auction; "ask" sends every candidate a bid request and its node
+    #: answers; "proxy" has the announcing process compute every candidate's bid itself, with
+    #: the built-in bid function on their published profiles and their history in the store,
+    #: and award at once (see bidding.auction.proxy; a node's own bidder is not consulted).
+    #: Set it where tasks are announced (callers and node workers, whose sweepers announce
+    #: retries).
+    bid_mode: BidMode = "auto"
+    #: The most characters of a task's content, and of its args and kwargs (as JSON,
+    #: together), that a bid request carries to a node's bidder; longer ones are cut, and
+    #: the bidder's ``Announcement.truncated`` gives their full sizes
+    #: (see bidding.auction.request_view).
+    bid_request_limit: int = Field(8192, ge=256, le=1_048_576)
     #: Seconds a node reuses its history (experience, in-flight work) between bids on the same
     #: task type, while its history version on the Redis board holds; the award re-counts
     #: in-flight work anyway (0 = read the store for every bid).
@@ -104,6 +112,16 @@ class Settings(BaseModel):
     delivery_check_seconds: float = Field(60.0, ge=0)
     #: Seconds between a node's hard and soft time limit (timeout_seconds is the soft one).
     hard_timeout_grace: float = Field(5.0, ge=0)
+    #: Seed 002's watch of delegated (ASSIGNED or EXECUTING) tasks, when no award, start or
+    #: progress report is news: the first check this many seconds after the latest one...
+    initial_check_wait_time: float = Field(30.0, gt=0)
+    #: ...each check that finds no news multiplies the wait by this factor...
+    check_backoff_factor: float = Field(2.0, ge=1)
+    #: ...up to this many seconds between checks...
+    max_check_wait_time: float = Field(1800.0, gt=0)
+    #: ...and after this many checks without news the task is escalated (a flag, the task
+    #: keeps running). A node's profile may set its own in a ``[checking]`` table.
+    max_check_attempts: int = Field(10, ge=1)
     #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.
     notify_url: str | None = None
     notify_timeout: float = Field(5.0, gt=0)

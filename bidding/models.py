@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from bidding.errors import ConfigurationError
 
 NoBidPolicy = Literal["fail", "fallback"]
+#: Who makes a task's bids (``bidding_bid_mode``; see ``auction.announce``).
+BidMode = Literal["auto", "ask", "proxy"]
 #: Cost differences below this are float rounding, not overspending (1.0 - 0.8 is
 #: 0.19999999999999996): a bid of exactly the budget left stays eligible.
 BUDGET_EPSILON = 1e-9
@@ -172,9 +174,10 @@ class Announcement(BaseModel):
     schedule_to_start_timeout: float | None = Field(None, ge=0)
     #: JSON Schema the result must match for COMPLETED -> SUCCESS (AITP 2.1 output).
     output_schema: dict[str, Any] | None = None
-    #: Who makes the bids for this task: "ask" its candidates, or "proxy" (the announcer, from
-    #: their published profiles and history); None: the announcer's ``bidding_bid_mode``.
-    bid_mode: Literal["ask", "proxy"] | None = None
+    #: Who makes the bids for this task: "ask" its candidates, "proxy" (the announcer, from
+    #: their published profiles and history), or "auto" (proxy for the nodes with the built-in
+    #: bidder, ask the others); None: the announcer's ``bidding_bid_mode``.
+    bid_mode: BidMode | None = None
     #: Nodes this task must not go to again (they failed it or went offline with it).
     exclude_nodes: list[str] = Field(default_factory=list)
     #: Cost already spent on earlier attempts (from the ledger).
@@ -193,6 +196,10 @@ class Announcement(BaseModel):
     announced_at: float = Field(default_factory=time.time)
     #: Celery's canvas around the call (callbacks, errbacks, chain, group, chord, parent).
     canvas: CanvasOptions = Field(default_factory=CanvasOptions)
+    #: Set only on the copy a node's bidder sees (``auction.request_view``): each of
+    #: ``content``, ``args`` and ``kwargs`` that was cut to ``bidding_bid_request_limit``,
+    #: with its size before the cut (characters of the content; of JSON for args and kwargs).
+    truncated: dict[str, int] = Field(default_factory=dict)
 
     @field_validator("required_skills")
     @classmethod
@@ -224,7 +231,16 @@ class Bid(BaseModel):
     in_flight: int = Field(0, ge=0)
     capacity: int = Field(1, ge=1)
     is_preferred_node: bool = False
+    #: How the node would do the task (seed 001's proposal): the built-in bidder's summary of
+    #: its offer, or what the node's own bidder said.
     proposal: str = ""
+    #: Why the node's own bidder bids so (seed 001's reasoning); empty for built-in bids.
+    reasoning: str = ""
+    #: The node's own bidder that judged this bid (its profile's ``bidder``: a dotted path or
+    #: "llm"); None when the built-in bidder made it alone.
+    bidder: str | None = None
+    #: What the bidder's model reported using: tokens, requests, cost (an LLM bidder).
+    usage: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
     bid_at: float = Field(default_factory=time.time)
 
@@ -242,6 +258,26 @@ class Refusal(BaseModel):
     #: The node could not bid (its bid raised: its store unreachable, say), which is no
     #: verdict on the task: an auction with nothing but such answers is announced again.
     failed: bool = False
+    #: The node's own bidder that refused (or failed to answer: it raised, timed out or
+    #: returned something invalid, and ``reason`` says which); None for the built-in refusals.
+    bidder: str | None = None
+    #: What the bidder's model reported using: tokens, requests, cost (an LLM bidder).
+    usage: dict[str, float] = Field(default_factory=dict)
+
+
+class BidResponse(BaseModel):
+    """What a node's own bidder answers when asked to bid (seed 001's ``BidResponse``).
+
+    ``will_bid=False`` is a refusal whose reason is ``reasoning``; a bid keeps the built-in
+    sub-scores and takes ``confidence`` and ``proposal`` (and ``reasoning``, shown with it).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    will_bid: bool
+    confidence: float = Field(ge=0.0, le=1.0)
+    proposal: str
+    reasoning: str
 
 
 class Score(BaseModel):

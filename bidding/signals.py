@@ -27,6 +27,8 @@ logger = logging.getLogger(__name__)
 #: A task's spending went over its budget; it is failed. Args: task_id, budget, spent, node.
 cost_exceeded = Signal(name="bidding.cost_exceeded")
 #: A task needs a human (deferred too often, or no node could take it). Args: task_id, reason.
+#: From seed 002's watch (its node silent about it for ``max_check_attempts`` checks; the task
+#: keeps running) also: watch=True, node, attempt, check_attempts.
 task_escalated = Signal(name="bidding.task_escalated")
 
 

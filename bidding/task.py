@@ -40,6 +40,7 @@ from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.execution.report import fail_caller, report_if_final, restore_view
 from bidding.graphs.advance import task_ended
+from bidding.lifecycle import events
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -155,6 +156,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                          masked_url(settings.database_url))
             raise Ignore()
         setattr(request, _RUNNING, run)
+        # Flower's EXECUTING: Celery's own STARTED ranks below the auction's states there.
+        events.send(self.app, events.EXECUTING, request.id, hostname=request.hostname,
+                    name=self.name, node=run.node, attempt=run.attempt)
         try:
             late = _past_deadline(run)
             if late is not None:

@@ -25,6 +25,14 @@ if TYPE_CHECKING:
     from bidding.config import Settings
     from bidding.nodes.federation import Federation
 
+#: The node with a bidder of its own that "mixed" bid mode adds to the candidates: skills of
+#: its own (``bench.app.ASKED_SKILLS``: no candidate in the other modes, and the best skill
+#: match in a mixed auction, so that the cap always keeps it).
+ASKED_NODE = "asked"
+ASKED_PROFILE = (f'name = "{ASKED_NODE}"\ncapabilities = ["bench_asked", "bench_asked_too"]\n'
+                 "capacity = 4\nprice_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n"
+                 'bidder = "bench.app:keep_draft"\n')
+
 #: The bidding settings a report states.
 REPORTED_SETTINGS = ("window", "strategy", "candidate_cap", "sweep_interval",
                      "heartbeat_interval", "heartbeat_ttl", "bid_threads", "live_cache_seconds")
@@ -56,6 +64,8 @@ class Backend:
         self.app: Any = None
         self.noop: Any = None
         self.auction: Any = None
+        #: The auctions' bidding options (the "mixed" mode's required skills), or None.
+        self.options: dict[str, Any] | None = None
         self.settings: Settings
         self.federation: Federation
 
@@ -150,8 +160,18 @@ class Backend:
             log(f"stopped {count} nodes in {time.monotonic() - t0:.1f} s")
 
     def node_pids(self) -> list[int]:
-        """The node workers' main processes."""
+        """The node workers' main processes (the asked node's too, once started)."""
         return [n.process.pid for n in self.federation.nodes.values()]
+
+    def bench_nodes(self) -> list[str]:
+        """The names of the nodes a step counts (not the "mixed" mode's asked node)."""
+        return [name for name in self.federation.nodes if name != ASKED_NODE]
+
+    def submit(self, i: int) -> Any:
+        """One auction of the no-op (with the mode's options)."""
+        if self.options is None:
+            return self.auction.delay(i)
+        return self.auction.apply_async((i,), bidding=self.options)
 
     def redis_cpu(self) -> float:
         """CPU seconds the Redis server has used so far (``INFO cpu``)."""
@@ -161,11 +181,11 @@ class Backend:
     def add_nodes(self, n: int) -> dict[str, Any]:
         """Grow the federation to ``n`` nodes: {"start": ...}, or {"skipped": why} when the
         machine has not the memory for them, or {} when there are ``n`` already."""
-        current = len(self.federation.nodes)
+        current = len(self.bench_nodes())
         new = n - current
         if new <= 0:
             return {}
-        per_node = (rss_mb(self.node_pids()) / current) if current else 120.0
+        per_node = (rss_mb(self.node_pids()) / len(self.node_pids())) if current else 120.0
         need, have = new * per_node, mem_available_mb()
         if need > 0.85 * have:
             skipped = (f"{new} more nodes need about {need:.0f} MB "
@@ -190,9 +210,32 @@ class Backend:
         return {"start": start}
 
     def set_bid_mode(self, mode: str) -> None:
-        """Announce in ``mode`` from now on (the caller's setting; the nodes are unchanged)."""
+        """Announce in ``mode`` from now on (the caller's setting; the nodes are unchanged).
+        "mixed" is "auto" with the asked node among the candidates."""
         from bidding.config import get_settings, reset_settings
 
-        os.environ["BIDDING_BID_MODE"] = mode
+        os.environ["BIDDING_BID_MODE"] = "auto" if mode == "mixed" else mode
         reset_settings(self.app)
         self.settings = get_settings(self.app)
+        self.options = None
+        if mode == "mixed":
+            # Imported here: a --source from before "mixed" has no ASKED_SKILLS.
+            from bench.app import ASKED_SKILLS, SKILL
+
+            self.start_asked_node()
+            self.options = {"required_skills": [SKILL, *ASKED_SKILLS]}
+
+    def start_asked_node(self) -> None:
+        """Start the "mixed" mode's asked node (``ASKED_PROFILE``), unless it runs."""
+        from bidding.nodes.registry import invalidate_cache
+
+        if ASKED_NODE in self.federation.nodes:
+            return
+        path = self.tmp / "profiles" / f"{ASKED_NODE}.toml"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(ASKED_PROFILE)
+        log("starting the asked node (a bidder of its own)")
+        self.federation.start([path])
+        self.federation.wait_live(self.settings, names=[ASKED_NODE], timeout=60)
+        invalidate_cache()
+        time.sleep(1.0)

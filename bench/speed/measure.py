@@ -68,7 +68,7 @@ def run_auctions(backend: Backend, count: int) -> tuple[list[dict[str, Any]], in
     for i in range(count):
         wall = time.time()
         t0 = time.perf_counter()
-        r = backend.auction.delay(i)
+        r = backend.submit(i)
         t1 = time.perf_counter()
         try:
             r.get(timeout=30)
@@ -105,7 +105,7 @@ def measure_auction_burst(backend: Backend) -> dict[str, Any]:
     pending = []
     for i in range(n):
         wall = time.time()
-        pending.append((wall, backend.auction.delay(i)))
+        pending.append((wall, backend.submit(i)))
     submitted = time.perf_counter()
     failures, records = 0, []
     for wall, r in pending:

@@ -17,7 +17,7 @@ from bench.speed.measure import (
     measure_auctions,
     measure_plain,
 )
-from bench.speed.options import bid_modes, int_list
+from bench.speed.options import MODE_LABELS, bid_modes, int_list
 from bench.speed.profiling import profile
 from bench.speed.trace import control
 
@@ -29,6 +29,9 @@ def run_backend(args: argparse.Namespace, res: dict[str, Any]) -> None:
         backend.start(stack)
         res["plain_quiet"] = measure_plain(backend, burst=True)
         log_plain(res["plain_quiet"])
+        if "mixed" in bid_modes(args.bid_modes):
+            # Up for every step, so that each plain baseline has the same background.
+            backend.start_asked_node()
         res["steps"] = []
         for n in sorted(set(int_list(args.nodes))):
             step = run_step(backend, n)
@@ -65,9 +68,8 @@ def run_step(backend: Backend, n: int) -> dict[str, Any]:
                 f"{b['submit_per_s']:.0f}/s); {b['failures']} failed; closed by "
                 f"{b['closed_by']}")
     if n in int_list(args.profile_nodes):
-        step["profile_mode"] = backend.settings.bid_mode
-        log(f"{n} nodes: profiling {args.profile_samples} auctions "
-            f"({backend.settings.bid_mode})")
+        step["profile_mode"] = MODE_LABELS.get(mode, mode)
+        log(f"{n} nodes: profiling {args.profile_samples} auctions ({step['profile_mode']})")
         try:
             step["profile"] = profile(backend, n)
         except Exception as exc:  # a profiler problem must not lose the measurements

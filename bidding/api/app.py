@@ -92,7 +92,7 @@ def _task_state(s: TaskStatus) -> TaskState:
     return TaskState(
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
         current_step=1, estimated_completion=_estimate_task(s, time.time()),
-        cost_so_far=s.cost_so_far)
+        cost_so_far=s.cost_so_far, watch=s.watch)
 
 
 def _not_found(exc: UnknownTaskError) -> HTTPException:
@@ -229,7 +229,8 @@ def create_app(celery_app: Celery) -> FastAPI:
     @api.get("/aitp/stats", response_model=Stats, dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})
     def get_stats(since: float = 0.0) -> Stats:
-        """``bidding stats``: tasks per node, success rate, assignment latency p50/p99."""
+        """``bidding stats``: tasks per node, success rate, assignment latency p50/p99,
+        success per task type, escalations, and the protocol checker's verdict."""
         return collect(url, since)
 
     @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,

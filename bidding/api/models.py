@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from bidding.lifecycle import states
+from bidding.observe.watch import WatchView
 
 #: Our states as AITP 5.1's (PENDING, EXECUTING, COMPLETED, RETRYING, FAILED): waiting for or in
 #: an auction is PENDING; COMPLETED before its output is checked is still EXECUTING; SUCCESS
@@ -55,6 +56,10 @@ class TaskState(BaseModel):
     #: Unix time; None when nothing allows an estimate.
     estimated_completion: float | None
     cost_so_far: float
+    #: Seed 002's watch of a plain task delegated to a node (ASSIGNED or EXECUTING): checks
+    #: without news, the next check, and ``escalated`` with its ``reason`` (a flag for a
+    #: human: the task keeps running). None for a task graph or a task not on a node.
+    watch: WatchView | None = None
 
 
 class TaskResult(BaseModel):

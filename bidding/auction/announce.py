@@ -19,14 +19,15 @@ from sqlalchemy.orm import Session
 
 from bidding.auction.award import route_award, strategy_of
 from bidding.auction.board import get_board
-from bidding.auction.candidates import select_candidates
+from bidding.auction.candidates import select_candidates, split_by_bidder
 from bidding.auction.close import close_auction
 from bidding.auction.consumer import request_bids
-from bidding.auction.proxy import award_by_proxy
+from bidding.auction.proxy import award_by_proxy, post_proxy_answers
+from bidding.auction.request_view import bidder_view
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
@@ -92,33 +93,53 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
                  fresh_id: bool = False) -> bool:
     """Start the auction of ``rfp`` (a new task, or a due retry, deferral or scheduled start).
 
+    Its bid mode says who bids for each candidate (``candidates.split_by_bidder``): when the
+    announcer may bid for all of them, it awards at once (``proxy``); else it asks the others
+    and, in a mixed auction, posts the bids it made for the rest first.
     With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
     once with the no-bid outcome. False when a due task was already taken by another sweeper.
     """
     live = live_nodes(settings)
     candidates = select_candidates(rfp, live)
-    proxy = (rfp.bid_mode or settings.bid_mode) == "proxy" and bool(candidates)
+    sent: list[bool] = []
+
+    def opened() -> None:
+        # Flower's ANNOUNCED, once, before anything can answer or award (its events must
+        # reach Flower in the auction's order).
+        if not sent:
+            sent.append(True)
+            events.announced(app, rfp, len(candidates))
+
+    proxied, asked = split_by_bidder(rfp.bid_mode or settings.bid_mode, live, candidates)
+    proxy = bool(candidates) and not asked
     if proxy and new and decides_at_once(strategy_of(settings, rfp)):
         # The announcement, its bids and its award in one transaction.
+        opened()
         if _award_by_proxy(app, settings, rfp, live, candidates,
                            opening=lambda session: _record_new(session, rfp, candidates)):
             return True
         proxy = False  # nothing was written: announce as usual, asking the candidates
+    if not proxy and not asked:
+        proxied, asked = [], list(candidates)
     in_time = rfp.deadline is None or rfp.deadline > time.time()
     # No live candidate, but capable nodes that lost the broker a moment ago (a restart):
     # they are coming back, so the task waits for them rather than failing or deferring.
     waiting = coming_back(settings, rfp.required_skills) if not candidates and in_time else []
     defer = (not candidates and not waiting
              and rfp.fallbacks.on_capability_unavailable == "defer" and in_time)
+    view = bidder_view(rfp, settings.bid_request_limit) if asked and not proxy else None
     # A new auction on the Redis board asks for bids before its row is written: the answers go
     # to the board, not the store, and the award waits for the row (close_auction). The row's
     # insert then overlaps the bidding instead of delaying it.
     # Only for an id generated for this call: a caller's own id may belong to an existing task,
-    # whose open auction must not receive answers meant for this one.
-    early = (not proxy and new and fresh_id and bool(candidates)
+    # whose open auction must not receive answers meant for this one. And only when the
+    # requests carry the whole announcement: else the closer reads it from the row.
+    early = (view is not None and view[1] and new and fresh_id
              and get_board(settings, app).writes_on_award)
     if early:
-        request_bids(settings, app, rfp, candidates)
+        opened()
+        _ask(app, settings, rfp, live, proxied, asked, view)
+
     def record() -> bool | str:
         with write_session(settings.database_url) as session:
             if waiting:
@@ -138,17 +159,27 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
 
     # A caller's .delay() waits out a store restart (a few seconds) rather than fail; a
     # sweeper's due task is simply taken again by the next sweep.
-    deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
-                           patience=CALLER_PATIENCE) if new else record())
+    try:
+        deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
+                               patience=CALLER_PATIENCE) if new else record())
+    except Exception as exc:
+        if sent:  # Flower was told it is open: it is not (the caller gets the exception)
+            events.failed(app, rfp, exc)
+        raise
     if not deferred:
         return False
     if waiting:
+        events.deferred(app, rfp, f"waiting for {', '.join(waiting)} (reconnecting)")
         return True
     if defer:
         if isinstance(deferred, str):
             # After the commit: errbacks may run here, and must not hold the write lock.
             escalate(app, settings, rfp, deferred)
+        else:
+            events.deferred(app, rfp, "no live node offers "
+                            + (", ".join(rfp.required_skills) or "any skill"))
         return True
+    opened()
     if not candidates:
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="no candidates")
     elif proxy:
@@ -156,12 +187,29 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             request_bids(settings, app, rfp, candidates)
     elif not early:
         try:
-            request_bids(settings, app, rfp, candidates)
+            _ask(app, settings, rfp, live, proxied, asked, view)
         except Exception as exc:
             _requests_unsent(settings, rfp, exc, new=new)
             if new:
                 raise  # .delay() raises: the caller knows the task was not accepted
     return True
+
+
+def _ask(app: Celery, settings: Settings, rfp: Announcement, live: Sequence[LiveNode],
+         proxied: Sequence[str], asked: Sequence[str],
+         view: tuple[Announcement, bool] | None) -> None:
+    """Ask ``asked`` to bid; in a mixed auction, post the bids made for ``proxied`` first, so
+    that the last answer to come in is an asked node's (and its node closes the auction)."""
+    expected = len(proxied) + len(asked)
+    if proxied:
+        by_name = {node.name: node for node in live}
+        posted = post_proxy_answers(settings, app, rfp, [by_name[n] for n in proxied],
+                                    expected)
+        if posted.complete:  # not before the asked ones answer; never left open regardless
+            close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="all bids in",
+                          rfp=rfp, candidates=expected)
+            return
+    request_bids(settings, app, rfp, asked, expected=expected, view=view)
 
 
 def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,
@@ -265,6 +313,7 @@ def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) ->
     """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
     from bidding.signals import notify, task_escalated
 
+    events.escalated(app, rfp, reason)
     fail_caller(app, settings, rfp, EscalatedError(reason))
     notify(settings, task_escalated, "task_escalated", task_id=rfp.task_id, reason=reason)
 

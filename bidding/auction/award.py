@@ -33,9 +33,10 @@ from bidding.config import Settings
 from bidding.errors import ConfigurationError, NoBidsError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, Award, Bid, Refusal, Score
+from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.engine import core, is_sqlite
@@ -176,6 +177,9 @@ def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award
     sweeper sends it again (``sweeper.resend``) once the broker is back.
     """
     if award.winner is not None:
+        # Before the execution, so that Flower has it before the winner's own events.
+        events.awarded(app, rfp, award.winner, exec_queue(award.winner),
+                       outcome=award.outcome)
         try:
             send_execution(app, rfp, award.winner, settings)
         except Exception as exc:

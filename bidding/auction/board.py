@@ -61,6 +61,13 @@ redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return redis.call('HLEN', KEYS[1])
 """
+#: Several answers at once (the announcer's proxied bids in a mixed auction).
+_POST_MANY = """
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then return -1 end
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return redis.call('HLEN', KEYS[1])
+"""
 #: Push one request per node, each stamped with the node's history version (read atomically
 #: here, so the bidder needs no round trip of its own to validate its cached history).
 _REQUEST = """
@@ -103,6 +110,10 @@ class BidBoard(Protocol):
 
     def post(self, answer: Answer, *, expected: int, window: float) -> Posted:
         """Record ``answer``; say how many answers its auction has, or that it is late."""
+
+    def post_many(self, answers: Sequence[Answer], *, expected: int,
+                  window: float) -> Posted:
+        """Record several answers of one auction at once (``post``'s count after the last)."""
 
     def close(self, task_id: str, attempt: int, keep: float = 60.0) -> list[Answer]:
         """The answers of an auction that is closing; answers posted after this are late.
@@ -197,6 +208,14 @@ class StoreBoard:
             write_answer(session, answer, late=late)
         return Posted(int(received), late, complete=not late and received >= expected)
 
+    def post_many(self, answers: Sequence[Answer], *, expected: int,
+                  window: float) -> Posted:
+        """``post`` each answer (one transaction each; the store board is RabbitMQ's)."""
+        posted = Posted(0, late=False)
+        for answer in answers:
+            posted = self.post(answer, expected=expected, window=window)
+        return posted
+
     def close(self, task_id: str, attempt: int, keep: float = 60.0) -> list[Answer]:
         """The auction's bid rows that were not late."""
         return self.peek(task_id, attempt)
@@ -239,6 +258,7 @@ class RedisBoard:
         self.blocking: redis.Redis[bytes] = redis.Redis.from_url(
             url, socket_timeout=BLOCKING_TIMEOUT, socket_keepalive=True, health_check_interval=30)
         self._post = self.client.register_script(_POST)
+        self._post_many = self.client.register_script(_POST_MANY)
         self._close = self.client.register_script(_CLOSE)
         self._request = self.client.register_script(_REQUEST)
 
@@ -276,6 +296,20 @@ class RedisBoard:
         count = int(self._post(keys=[self.key(answer.task_id, answer.attempt)],
                                args=[answer.node, answer.model_dump_json(), ttl_ms,
                                      CLOSED_FIELD]))
+        if count < 0:
+            return Posted(0, late=True)
+        return Posted(count, late=False, complete=expected > 0 and count >= expected)
+
+    def post_many(self, answers: Sequence[Answer], *, expected: int,
+                  window: float) -> Posted:
+        """Store the answers (of one auction) unless it is closed; one round trip."""
+        if not answers:
+            return Posted(0, late=False)
+        first = answers[0]
+        args: list[Any] = [int((window + OPEN_GRACE) * 1000), CLOSED_FIELD]
+        for answer in answers:
+            args += [answer.node, answer.model_dump_json()]
+        count = int(self._post_many(keys=[self.key(first.task_id, first.attempt)], args=args))
         if count < 0:
             return Posted(0, late=True)
         return Posted(count, late=False, complete=expected > 0 and count >= expected)

@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 
 from bidding.auction import scores
-from bidding.models import Announcement
+from bidding.models import Announcement, BidMode
 from bidding.nodes.registry import LiveNode
 
 
@@ -70,3 +70,16 @@ def select_candidates(
     keep = math.ceil(cap / 2)
     chosen = ranked[:keep] + rng.sample(ranked[keep:], cap - keep)
     return [n.name for n in chosen]
+
+
+def split_by_bidder(mode: BidMode, live: Sequence[LiveNode], candidates: Sequence[str]
+                    ) -> tuple[list[str], list[str]]:
+    """Which candidates the announcer bids for (proxied) and which it asks, in ``mode``:
+    "proxy" bids for all, "ask" asks all, "auto" bids for the nodes that bid with the built-in
+    function alone (their heartbeat says so) and asks those with a bidder of their own."""
+    if mode == "proxy":
+        return list(candidates), []
+    if mode == "ask":
+        return [], list(candidates)
+    builtin = {node.name for node in live if node.builtin_bidder}
+    return ([c for c in candidates if c in builtin], [c for c in candidates if c not in builtin])

@@ -17,7 +17,7 @@ from sqlalchemy import bindparam, select
 from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, Award, Refusal
 from bidding.store import read_session, write_session
@@ -56,7 +56,8 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         # Not one candidate answered, or could bid: a node killed before its heartbeat
         # expired, workers reconnecting to a restarted broker, a store restarting; no
         # verdict on the task. Announce it again.
-        announce_again(settings, rfp, candidates)
+        if announce_again(settings, rfp, candidates):
+            events.deferred(app, rfp, "no candidate answered: announced again")
         return None
     award = award_answers(settings, rfp, answers, closed_by=closed_by, candidates=candidates,
                           write=board.writes_on_award)

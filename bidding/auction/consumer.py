@@ -2,7 +2,9 @@
 
 Bid requests are small JSON messages answered by a few threads of the worker's main process, so
 they never wait behind executions in the worker pool: a node busy with long tasks still answers
-at once, with a low load score, instead of missing the auction. They travel on the bid board's
+at once, with a low load score, instead of missing the auction. A node whose profile names a
+bidder of its own answers when that bidder has judged the built-in draft (``auction.bidder``,
+on threads of its own, with a timeout). They travel on the bid board's
 Redis list ``bidding:requests:<node>`` when the board is Redis (one pipelined push for all
 candidates, one BRPOP per request), and otherwise as kombu messages on ``bids.<node>`` consumed by
 a Celery ``ConsumerStep`` (RabbitMQ).
@@ -23,13 +25,15 @@ from kombu.message import Message
 from kombu.messaging import Consumer
 from pydantic import ValidationError
 
+from bidding.auction.bidder import NodeBidder, node_bidder
 from bidding.auction.board import RedisBoard, get_board, write_answer
 from bidding.auction.close import close_auction
 from bidding.auction.history import place_bid
+from bidding.auction.request_view import bidder_view
 from bidding.config import Settings, get_settings
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.periodic import Periodic
-from bidding.nodes.profile import NodeProfile, bid_queue, current_profile
+from bidding.nodes.profile import NodeProfile, bid_queue, current_profile, profile_source
 from bidding.store import write_session
 
 logger = logging.getLogger(__name__)
@@ -42,40 +46,54 @@ def request_queue(node: str) -> Queue:
 
 
 def request_body(rfp: Announcement, node: str, expires_at: float,
-                 expected: int = 0) -> dict[str, Any]:
-    """The JSON body of one bid request (``expected``: how many candidates were asked)."""
-    return {"announcement": rfp.model_dump(mode="json"), "node": node,
-            "expires_at": expires_at, "expected": expected}
+                 expected: int = 0, partial: bool = False) -> dict[str, Any]:
+    """The JSON body of one bid request (``expected``: how many answers the auction waits for;
+    ``partial``: ``rfp`` is the bidder's view, not the whole announcement)."""
+    body: dict[str, Any] = {"announcement": rfp.model_dump(mode="json"), "node": node,
+                            "expires_at": expires_at, "expected": expected}
+    if partial:
+        body["partial"] = True
+    return body
 
 
 def request_bids(settings: Settings, app: Celery, rfp: Announcement,
-                 candidates: Sequence[str]) -> None:
+                 candidates: Sequence[str], *, expected: int | None = None,
+                 view: tuple[Announcement, bool] | None = None) -> None:
     """Ask every candidate to bid: one request each, sent in one batch.
 
-    No closer message is sent: node workers sweep the store for auctions past their window.
+    A request carries the announcement as a node's bidder may see it (``view``, computed here
+    when not given: ``request_view.bidder_view``). ``expected``: the answers the auction waits
+    for, when some are not asked for (proxied bids in a mixed auction); default: one per
+    candidate. No closer message is sent: node workers sweep the store for auctions past
+    their window.
     """
     # A request still queued after the window is worthless: the node drops it unread.
     expires_at = rfp.announced_at + rfp.window
+    expected = len(candidates) if expected is None else expected
+    shown, full = view if view is not None else bidder_view(rfp, settings.bid_request_limit)
     board = get_board(settings, app)
     if isinstance(board, RedisBoard):
         # The announcement is serialized once, not once per candidate.
-        spec = rfp.model_dump_json()
+        spec = shown.model_dump_json()
+        partial = "" if full else '"partial": true, '
         bodies = {node: (f'{{"node": {json.dumps(node)}, "expires_at": {expires_at!r}, '
-                         f'"expected": {len(candidates)}, "announcement": {spec}}}')
+                         f'"expected": {expected}, {partial}"announcement": {spec}}}')
                   for node in candidates}
         board.request(bodies, ttl=rfp.window + 1.0)
         return
     with app.producer_or_acquire() as producer, producer.batch():
         for node in candidates:
             queue = request_queue(node)
-            producer.publish(request_body(rfp, node, expires_at, len(candidates)),
+            producer.publish(request_body(shown, node, expires_at, expected, not full),
                              exchange="", routing_key=queue.routing_key, declare=[queue],
                              serializer="json", retry=True)
 
 
 def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
-           body: dict[str, Any], defer: Callable[..., Any] | None = None) -> Bid | Refusal | None:
-    """Answer one bid request and record the answer; never raises. None when dropped.
+           body: dict[str, Any], defer: Callable[..., Any] | None = None,
+           bidder: NodeBidder | None = None) -> Bid | Refusal | None:
+    """Answer one bid request and record the answer; never raises. None when dropped, or
+    when the node's own ``bidder`` answers later (on its thread, ``auction.bidder``).
 
     When the answer completes the auction, the award runs here, or through ``defer`` (an
     executor's ``submit``) so that the caller can take the next request meanwhile.
@@ -85,6 +103,7 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
         node = str(body["node"])
         expires_at = float(body.get("expires_at") or 0)
         expected = int(body.get("expected") or 0)
+        full = not body.get("partial")
     except (KeyError, TypeError, ValueError, ValidationError):
         logger.exception("malformed bid request dropped: %.200r", body)
         return None
@@ -113,18 +132,34 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
         logger.exception("bid of %s on %s failed", node, rfp.task_id)
         response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
                            reason=f"bid failed: {type(exc).__name__}: {exc}", failed=True)
-    try:
-        record_answer(settings, app, rfp, response, expected, defer)
-    except Exception:
-        # The sweeper still closes the auction at its deadline with the bids recorded.
-        logger.exception("could not record the bid of %s on %s", node, rfp.task_id)
+
+    def post(given: Bid | Refusal) -> None:
+        try:
+            record_answer(settings, app, rfp, given, expected, defer, full=full)
+        except Exception:
+            # The sweeper still closes the auction at its deadline with the bids recorded.
+            logger.exception("could not record the bid of %s on %s", node, rfp.task_id)
+
+    if bidder is not None and isinstance(response, Bid):
+        # The node's own bidder judges the draft on a thread of its own; its answer (or a
+        # refusal at its timeout) is posted from there.
+        try:
+            bidder.ask(rfp, response, expires_at or None, post)
+            return None
+        except Exception as exc:  # never raised so far; the auction must still hear from us
+            logger.exception("could not ask the bidder of %s on %s", node, rfp.task_id)
+            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
+                               reason=f"could not ask its bidder: {type(exc).__name__}: {exc}",
+                               bidder=bidder.spec)
+    post(response)
     return response
 
 
 def record_answer(settings: Settings, app: Celery, rfp: Announcement,
                   response: Bid | Refusal, expected: int,
-                  defer: Callable[..., Any] | None = None) -> None:
-    """Post the answer on the bid board; the answer that completes the auction closes it."""
+                  defer: Callable[..., Any] | None = None, *, full: bool = True) -> None:
+    """Post the answer on the bid board; the answer that completes the auction closes it
+    (``full``: ``rfp`` is the whole announcement, else the closer reads it from the store)."""
     board = get_board(settings, app)
     posted = board.post(response, expected=expected, window=rfp.window)
     if posted.late:
@@ -138,17 +173,20 @@ def record_answer(settings: Settings, app: Celery, rfp: Announcement,
                                response.node, rfp.task_id)
         return
     if posted.complete:
-        (defer or _now)(_close, settings, app, rfp, expected)
+        (defer or _now)(_close, settings, app, rfp, expected, full)
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def _close(settings: Settings, app: Celery, rfp: Announcement, expected: int) -> None:
+def _close(settings: Settings, app: Celery, rfp: Announcement, expected: int,
+           full: bool = True) -> None:
     try:
+        # A partial announcement (the bidder's view) is not what the award sends: the closer
+        # reads the task's own from the store.
         close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="all bids in",
-                      rfp=rfp, candidates=expected)
+                      rfp=rfp if full else None, candidates=expected if full else None)
     except Exception:  # the sweeper closes it at the deadline
         logger.exception("award of %s failed", rfp.task_id)
 
@@ -209,6 +247,8 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
         self.app: Celery = consumer.app
         self.settings = get_settings(self.app)
         self.profile = current_profile(self.settings)
+        # Resolved (and checked) when the worker started (app.NodeStep): cached here.
+        self.bidder = node_bidder(self.profile, profile_source(self.settings))
         self.pool: ThreadPoolExecutor | None = None
         self.listener: RequestListener | None = None
 
@@ -239,12 +279,14 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
     def answer_here(self, body: dict[str, Any]) -> None:
         """Answer ``body`` on this thread; an award it leads to runs on a bid thread."""
         if self.pool is not None:
-            answer(self.settings, self.app, self.profile, body, defer=self.pool.submit)
+            answer(self.settings, self.app, self.profile, body, defer=self.pool.submit,
+                   bidder=self.bidder)
 
     def submit(self, body: dict[str, Any]) -> None:
         """Answer ``body`` on a bid thread."""
         if self.pool is not None:
-            self.pool.submit(answer, self.settings, self.app, self.profile, body)
+            self.pool.submit(answer, self.settings, self.app, self.profile, body,
+                             bidder=self.bidder)
 
     def stop(self, consumer: Any) -> None:
         """Stop taking bid requests (the connection is lost, or the worker stops)."""

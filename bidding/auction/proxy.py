@@ -18,6 +18,12 @@ lock (``award.AnswersInside``). What they do not: a
 node that heartbeats but cannot take work is still bid for (as a node whose main process
 answers while its pool is stuck is, in "ask" mode); the schedule-to-start watchdog covers both.
 
+In "auto" bid mode (the default) the announcer proxies only the nodes that bid with the
+built-in function alone; a node whose profile names a bidder of its own is asked. When both
+kinds are candidates, the auction is mixed (``post_proxy_answers``): the proxied bids go on
+the bid board at once, before the others are asked, and the auction closes as any asked one
+does, when the last answer is in or at the end of its window.
+
 Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same nodes.
 """
 
@@ -32,7 +38,7 @@ from sqlalchemy.orm import Session
 
 from bidding.auction.award import AnswersInside, award_answers, strategy_of
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
-from bidding.auction.board import get_board
+from bidding.auction.board import Posted, get_board
 from bidding.auction.history import cached_histories, read_histories
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal
@@ -89,6 +95,18 @@ def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNo
         return answers_of(rfp, profiles, histories, now)
 
     return AnswersInside(bidding, make)
+
+
+def post_proxy_answers(settings: Settings, app: Celery, rfp: Announcement,
+                       nodes: Sequence[LiveNode], expected: int) -> Posted:
+    """Post the bids of ``nodes`` on ``rfp``'s bid board, made here (``proxy_answers``, from
+    histories cached while the nodes' versions hold), in a mixed auction that waits for
+    ``expected`` answers in all; posted before the other candidates are asked, so that an
+    asked node's answer is the one that completes the auction."""
+    board = get_board(settings, app)
+    versions = board.history_versions([n.name for n in nodes])
+    answers = proxy_answers(settings, rfp, nodes, versions=versions)
+    return board.post_many(answers, expected=expected, window=rfp.window)
 
 
 def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,

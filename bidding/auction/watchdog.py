@@ -33,7 +33,7 @@ from bidding.errors import NodeLostError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
 from bidding.execution.episodes import record_episode
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.incarnation import Ended, end_stale, live_slots
@@ -359,6 +359,7 @@ def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: 
         if ok and moved_to is None:
             _lost_episode(session, rfp, attempt, node, reason, now)
     if ok and moved_to is not None:
+        events.reawarded(app, nxt, node, moved_to, exec_queue(moved_to), reason)
         try:
             send_execution(app, nxt, moved_to, settings)
         except Exception as exc:

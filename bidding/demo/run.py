@@ -110,6 +110,9 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
                     took = f" in {latency:.1f} ms" if latency is not None else ""
                     print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
                           f"-> {m.node} ({detail.get('score') or 0:.2f}){took}", flush=True)
+                    for b in bids:  # a node's own bidder's refusal: its judgment, its words
+                        if not b.will_bid and (b.payload or {}).get("bidder"):
+                            print(f"  {'':<15} {b.node} refused: {b.reason}", flush=True)
                 elif m.kind == "REAWARDED":
                     print(f"  {label:<15} MOVED from {detail.get('from')} to {m.node}: "
                           f"{detail.get('reason')}", flush=True)

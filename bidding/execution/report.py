@@ -14,7 +14,6 @@ returns the real result or the real error, never a transport error for a task th
 from __future__ import annotations
 
 import logging
-import socket
 import time
 from typing import Any, cast
 
@@ -24,6 +23,7 @@ from sqlalchemy import CursorResult, bindparam, select, update
 from bidding.config import Settings
 from bidding.errors import BiddingError
 from bidding.execution.canvas import caller_request
+from bidding.lifecycle import events
 from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
@@ -73,7 +73,9 @@ def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
     The store keeps the error either way; when the backend cannot be written (the broker that
     is also the backend is restarting), a sweeper writes it once it can.
     """
-    failed_event(app, rfp, exc)
+    # Flower builds its task list from events: without one it would show the task's last
+    # phase (or PENDING) for ever.
+    events.failed(app, rfp, exc)
     try:
         app.backend.mark_as_failure(rfp.task_id, exc, request=caller_request(rfp))
     except Exception as error:
@@ -86,20 +88,6 @@ def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
                         .where(AnnouncementRow.task_id == rfp.task_id,
                                AnnouncementRow.result.is_(None))
                         .values(result=exception_json(exc)))
-
-
-def failed_event(app: Celery, rfp: Announcement, exc: BaseException) -> None:
-    """Send ``task-failed`` for a task that failed outside any worker, when the app sends task
-    events (Flower builds its task list from them, and would otherwise show the task PENDING
-    or RETRY for ever). Sent as ``bidding@<host>``: the process that decided it."""
-    if not (app.conf.worker_send_task_events or app.conf.task_send_sent_event):
-        return
-    try:
-        with app.events.default_dispatcher(hostname=f"bidding@{socket.gethostname()}") as events:
-            events.send("task-failed", uuid=rfp.task_id, name=rfp.task_name,
-                        exception=f"{type(exc).__name__}({str(exc)!r})", traceback="")
-    except Exception:  # events are a view: the store and the backend hold the outcome
-        logger.debug("task-failed event of %s not sent", rfp.task_id, exc_info=True)
 
 
 _VIEW = select(AnnouncementRow.state, AnnouncementRow.worker, AnnouncementRow.result,
@@ -117,14 +105,14 @@ def restore_view(app: Celery, settings: Settings, task_id: str) -> None:
         row = session.execute(_VIEW, {"task_id": task_id}).one_or_none()
     if row is None or row.worker is None:
         return
-    fields: dict[str, Any] = {"uuid": task_id}
+    fields: dict[str, Any] = {}
     if row.state == lifecycle.SUCCESS:
         kind = "task-succeeded"
         fields["result"] = repr((row.result or {}).get("value"))
         if row.started_at and row.finished_at:
             fields["runtime"] = row.finished_at - row.started_at
     elif row.state == lifecycle.EXECUTING:
-        kind = "task-started"
+        kind = events.EXECUTING
     elif row.state == lifecycle.FAILED and (row.result or {}).get("exception"):
         stored = row.result["exception"]
         kind = "task-failed"
@@ -132,11 +120,7 @@ def restore_view(app: Celery, settings: Settings, task_id: str) -> None:
         fields.update(exception=f"{stored.get('exc_type')}({message!r})", traceback="")
     else:
         return
-    try:
-        with app.events.default_dispatcher(hostname=row.worker) as events:
-            events.send(kind, **fields)
-    except Exception:  # a view only
-        logger.debug("restoring the event view of %s failed", task_id, exc_info=True)
+    events.send(app, kind, task_id, hostname=row.worker, force=True, **fields)
 
 
 def report_later(settings: Settings, task_id: str, delay: float = 1.0,

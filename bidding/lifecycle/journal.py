@@ -39,6 +39,20 @@ DEFERRED: Final = "DEFERRED"
 ESCALATED: Final = "ESCALATED"
 OUTPUT_INVALID: Final = "OUTPUT_INVALID"
 COST_EXCEEDED: Final = "COST_EXCEEDED"
+#: A task's checking state was cleared (seed 002's reset_task): allowed at any time, also
+#: after a final state; it changes nothing of the task's lifecycle.
+RESET: Final = "RESET"
+#: A silent task flagged for an operator by the monitor (seed 002's escalation). Not a final
+#: state: the task keeps running and may still complete.
+WATCH_ESCALATED: Final = "WATCH_ESCALATED"
+
+#: Every kind of message the log holds (the protocol checker refuses any other).
+KINDS: Final = frozenset({
+    ANNOUNCED, BID, REFUSED, AWARDED, NO_AWARD, TASK_ACCEPTED, PROGRESS_UPDATE, TASK_COMPLETED,
+    TASK_SUCCEEDED, TASK_FAILED, ILLEGAL_TRANSITION, STALE_UPDATE, SCHEDULED, RETRYING,
+    REAWARDED, SEND_FAILED, RESENT, WORKER_LOST, DEFERRED, ESCALATED, OUTPUT_INVALID,
+    COST_EXCEEDED, RESET, WATCH_ESCALATED,
+})
 
 
 #: The message log's table: messages are written with Core INSERTs (no ORM unit of work).

@@ -3,7 +3,8 @@
 The first beat writes the node's profile (producers bid for it and pick candidates from it);
 later beats are one UPDATE. A worker that stops taking work (warm shutdown, a lost broker
 connection) marks the node offline at once but keeps proving it is alive while its pool drains,
-so watchdogs do not take its running tasks away.
+so watchdogs do not take its running tasks away. Each worker's beat also says which tasks its
+pool is running: what a check of a delegated task asks the node (``bidding.observe.checking``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Table, bindparam, select, update
@@ -41,6 +43,8 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
         row.latency_ms = profile.latency_ms
         row.trust = profile.trust
         row.description = profile.description
+        row.checking = profile.checking.overrides()
+        row.bidder = profile.bidder
         row.hostname = hostname or socket.gethostname()
         row.status = "online"
         if started_at is not None:
@@ -103,10 +107,13 @@ class Heartbeat:
     """
 
     def __init__(self, settings: Settings, profile: NodeProfile,
-                 me: incarnation.Incarnation | None = None) -> None:
+                 me: incarnation.Incarnation | None = None,
+                 running: Callable[[], Sequence[str]] | None = None) -> None:
         self.settings = settings
         self.profile = profile
         self.me = me
+        #: The ids of the tasks this worker's pool runs now (each beat carries them).
+        self.running = running or tuple
         self.started_at = me.started_at if me is not None else time.time()
         self._registered = False
         self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
@@ -138,12 +145,12 @@ class Heartbeat:
             heartbeat(self.settings, self.profile, started_at=self.started_at)
             self._registered = True
         if self.me is not None:
-            incarnation.beat(self.settings, self.me)
+            incarnation.beat(self.settings, self.me, running=self.running())
 
     def _drain(self) -> None:
         touch(self.settings, self.profile.name)
         if self.me is not None:
-            incarnation.beat(self.settings, self.me, status="offline")
+            incarnation.beat(self.settings, self.me, status="offline", running=self.running())
 
     def stop(self, final: bool = False) -> None:
         """Stop taking new work: mark the node offline (``final``: stopped, so no task waits
@@ -151,7 +158,8 @@ class Heartbeat:
         self._loop.stop()
         try:
             if self.me is not None:
-                incarnation.beat(self.settings, self.me, status="offline")
+                incarnation.beat(self.settings, self.me, status="offline",
+                                 running=self.running())
             mark_offline(self.settings, self.profile.name,
                          status="stopped" if final else "offline")
         except Exception:  # shutting down: the TTL will expire the node anyway

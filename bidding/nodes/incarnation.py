@@ -89,7 +89,8 @@ _WORKERS = cast(Table, Worker.__table__)
 _BEAT = (update(_WORKERS)
          .where(_WORKERS.c.hostname == bindparam("w_host"),
                 _WORKERS.c.boot_id == bindparam("w_boot"))
-         .values(last_heartbeat=bindparam("w_now"), status=bindparam("w_status")))
+         .values(last_heartbeat=bindparam("w_now"), status=bindparam("w_status"),
+                 running=bindparam("w_running")))
 
 
 def register(settings: Settings, me: Incarnation, now: float | None = None) -> Ended | None:
@@ -115,8 +116,9 @@ def register(settings: Settings, me: Incarnation, now: float | None = None) -> E
 
 
 def beat(settings: Settings, me: Incarnation, status: str = "online",
-         now: float | None = None) -> bool:
-    """Refresh this incarnation's heartbeat (``status``: online, or offline while draining).
+         now: float | None = None, running: Sequence[str] = ()) -> bool:
+    """Refresh this incarnation's heartbeat (``status``: online, or offline while draining),
+    with the ids of the tasks its pool is ``running`` (a check of a delegated task reads them).
 
     False when its row is not this incarnation's any more: another worker registered under
     the same Celery node name (two workers of a node need names of their own, ``-n``).
@@ -125,7 +127,7 @@ def beat(settings: Settings, me: Incarnation, status: str = "online",
     with write_session(settings.database_url) as session:
         moved = cast(CursorResult[Any], session.execute(_BEAT, {
             "w_host": me.hostname, "w_boot": me.boot_id, "w_now": now,
-            "w_status": status})).rowcount
+            "w_status": status, "w_running": list(running)})).rowcount
     if moved != 1:
         logger.error("worker %s: its row in the store belongs to another incarnation: is a "
                      "second worker running under the same name? Give each worker of a node "

@@ -8,16 +8,31 @@ capacity = 4
 price_per_unit = 0.01
 latency_ms = 40
 trust = 70
+# optional: the node's own bidder, asked for every bid (see bidding.auction.bidder)
+bidder = "mypackage.bidders:judge"   # or "llm", with a [bidder_llm] table
+bidder_timeout_s = 5
+
+[checking]                     # optional: seed 002's agent-specific backoff for this node's tasks
+initial_check_wait_time = 120  # any of the four bidding_*check* settings; the rest stay global
+max_check_attempts = 5
 ```
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from bidding.config import Settings
 from bidding.errors import ProfileError
@@ -27,6 +42,41 @@ from bidding.models import describe_validation, skill_names
 PROFILE_ENV = "BIDDING_PROFILE"
 #: Node names become queue names (bids.<name>, exec.<name>) and Celery node names (<name>@host).
 NODE_NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,31}$"
+#: ``bidder``: "llm", or the dotted path of a function ("package.module:function").
+LLM_BIDDER = "llm"
+BIDDER_PATTERN = r"^(llm|[A-Za-z_][\w.]*[:.][A-Za-z_][\w.]*)$"
+
+
+class BidderLLM(BaseModel):
+    """The ``[bidder_llm]`` table: seed 001's bidder agent (pydantic-ai) for ``bidder = "llm"``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    #: A pydantic-ai model name ("openai:gpt-4o"), or the dotted path of a model object or of
+    #: a function that returns one ("tests.bidders:test_model").
+    model: str = Field(min_length=1)
+    #: What the node specialises in, for the agent's system prompt (default: the profile's
+    #: ``description``).
+    description: str = ""
+    #: A system prompt replacing seed 001's (which names the node, its skills and description).
+    prompt: str = ""
+
+
+class CheckingProfile(BaseModel):
+    """A node's own schedule for checking the tasks delegated to it (seed 002's agent-specific
+    backoff): any of the global settings of the same names; unset keys keep the global value."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    initial_check_wait_time: float | None = Field(None, gt=0)
+    check_backoff_factor: float | None = Field(None, ge=1)
+    max_check_wait_time: float | None = Field(None, gt=0)
+    max_check_attempts: int | None = Field(None, ge=1)
+
+    def overrides(self) -> dict[str, float | int] | None:
+        """The keys the profile sets (None when it sets none), as the node's row stores them."""
+        found = self.model_dump(exclude_none=True)
+        return found or None
 
 
 class NodeProfile(BaseModel):
@@ -41,11 +91,37 @@ class NodeProfile(BaseModel):
     latency_ms: float = Field(50.0, ge=0)
     trust: float = Field(70.0, ge=0, le=100)
     description: str = ""
+    #: The ``[checking]`` table: how the tasks delegated to this node are watched.
+    checking: CheckingProfile = Field(default_factory=CheckingProfile)
+    #: The node's own bidder, asked for each bid with the announcement and the built-in draft:
+    #: "package.module:function", or "llm" (seed 001's bidder agent, ``bidder_llm``). None:
+    #: the built-in bidder alone, and announcers in "auto" bid mode bid for the node.
+    bidder: str | None = None
+    #: Seconds the bidder may take (seed 001: 5); past them the node refuses, saying so.
+    bidder_timeout_s: float = Field(5.0, gt=0, le=600)
+    bidder_llm: BidderLLM | None = Field(None, validate_default=True)
 
     @field_validator("capabilities")
     @classmethod
     def _distinct_names(cls, value: list[str]) -> list[str]:
         return skill_names(value, "capabilities")
+
+    @field_validator("bidder")
+    @classmethod
+    def _bidder_spec(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(BIDDER_PATTERN, value):
+            raise ValueError('expected "llm" or a dotted path such as "package.module:function"')
+        return value
+
+    @field_validator("bidder_llm")
+    @classmethod
+    def _llm_table(cls, value: BidderLLM | None, info: ValidationInfo) -> BidderLLM | None:
+        bidder = info.data.get("bidder")
+        if bidder == LLM_BIDDER and value is None:
+            raise ValueError('bidder = "llm" needs this table, with a model')
+        if value is not None and bidder != LLM_BIDDER:
+            raise ValueError('used only with bidder = "llm"')
+        return value
 
     @property
     def bid_queue(self) -> str:
@@ -94,6 +170,12 @@ def load_profile(path: str | Path) -> NodeProfile:
 
 
 _profiles: dict[str, NodeProfile] = {}
+
+
+def profile_source(settings: Settings) -> str:
+    """The path of this process's profile (``bidding_profile`` / ``BIDDING_PROFILE``), as
+    errors about it name it; "<profile>" outside a node."""
+    return settings.profile or os.environ.get(PROFILE_ENV) or "<profile>"
 
 
 def current_profile(settings: Settings) -> NodeProfile | None:

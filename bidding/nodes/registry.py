@@ -32,6 +32,14 @@ class LiveNode:
     #: Its record: finished attempts, and how many succeeded.
     attempts: int = 0
     successes: int = 0
+    #: Its own bidder ("package.module:function" or "llm"); "" for the built-in one.
+    bidder: str = ""
+
+    @property
+    def builtin_bidder(self) -> bool:
+        """True when the node bids with the built-in function alone, so that an announcer can
+        make its bid for it (``bidding_bid_mode = "auto"``)."""
+        return not self.bidder
 
 
 def dead_after(settings: Settings, now: float | None = None) -> float:
@@ -41,7 +49,7 @@ def dead_after(settings: Settings, now: float | None = None) -> float:
 
 _LIVE = (
     select(Node.name, Node.capabilities, Node.capacity, Node.price_per_unit, Node.latency_ms,
-           Node.trust, Node.last_heartbeat, Node.attempts, Node.successes)
+           Node.trust, Node.last_heartbeat, Node.attempts, Node.successes, Node.bidder)
     .where(Node.status == "online", Node.last_heartbeat >= bindparam("cutoff"))
     .order_by(Node.name)
 )
@@ -56,7 +64,8 @@ def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveN
     return [
         LiveNode(name=r.name, capabilities=tuple(r.capabilities), capacity=r.capacity,
                  price_per_unit=r.price_per_unit, latency_ms=r.latency_ms, trust=r.trust,
-                 last_heartbeat=r.last_heartbeat, attempts=r.attempts, successes=r.successes)
+                 last_heartbeat=r.last_heartbeat, attempts=r.attempts, successes=r.successes,
+                 bidder=r.bidder or "")
         for r in rows
     ]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from celery import Celery
@@ -15,6 +16,8 @@ from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
 from bidding.models import Bid
 from bidding.observe.attempts import AttemptView, attempt_history
+from bidding.observe.status import watch_of
+from bidding.observe.watch import WatchView
 from bidding.observe.why import why_won
 from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -43,6 +46,14 @@ class BidView(BaseModel):
     late: bool = False
     #: Milliseconds from the announcement to this answer.
     answered_after_ms: float
+    #: How the node would do the task (its bidder's, or the built-in summary of its offer).
+    proposal: str = ""
+    #: Why its own bidder bid so (a refusal's is its ``reason``).
+    reasoning: str = ""
+    #: The node's own bidder that judged this answer (None: the built-in bidder alone).
+    bidder: str | None = None
+    #: Tokens, requests, cost the bidder's model reported (an LLM bidder).
+    usage: dict[str, float] = {}
 
 
 class MessageView(BaseModel):
@@ -82,6 +93,8 @@ class Explanation(BaseModel):
     #: The attempt the task is in (or ended in); ``winner``, ``error`` and the bid table of
     #: the text report are this attempt's.
     attempt: int = 1
+    #: Seed 002's watch while the task is delegated: checks without news, an escalation.
+    watch: WatchView | None = None
     #: Why the winner won and what kept each other candidate out, in sentences (this
     #: attempt's auction; ``observe.why``).
     why: list[str] = []
@@ -110,6 +123,8 @@ class Explanation(BaseModel):
         elif self.error:
             lines.append(f"  {label}error: {self.error}")
         lines += [f"  why: {w}" for w in self.why]
+        if self.watch is not None and (self.watch.escalated or self.watch.check_attempts):
+            lines.append(f"  watch: {self.watch.line(time.time())}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
         earlier = len(self.bids) - len(shown)
         if self.attempt > 1:
@@ -123,7 +138,9 @@ class Explanation(BaseModel):
         for b in sorted(shown, key=lambda b: (not b.is_winner, -(b.score or -1), b.node)):
             mark = "*" if b.is_winner else " "
             if not b.will_bid:
-                lines.append(f" {mark}{b.node:<10} refused: {b.reason}")
+                late = "late (after close) " if b.late else ""
+                lines.append(f" {mark}{b.node:<10} refused: {late}{b.reason}")
+                lines += _bidder_lines(b)
                 continue
             detail = _breakdown_text(b.breakdown)
             if b.late:
@@ -133,7 +150,26 @@ class Explanation(BaseModel):
                 f"{_num(b.experience, 2):>5} {_num(b.load, 2):>5} {_num(b.confidence, 2):>5} "
                 f"{_num(b.cost, 4):>7} {_num(b.latency_ms, 0):>5} {_num(b.trust, 0):>5}  {detail}"
             )
+            lines += _bidder_lines(b)
         return "\n".join(lines)
+
+
+def _bidder_lines(b: BidView) -> list[str]:
+    """What a node's own bidder said, under its bid or refusal (nothing for built-in ones)."""
+    if b.bidder is None:
+        return []
+    lines = [f"{'':13}by its bidder {b.bidder}"
+             + (f" ({_usage_text(b.usage)})" if b.usage else "")]
+    if b.will_bid:
+        if b.proposal:
+            lines.append(f"{'':13}proposal: {b.proposal}")
+        if b.reasoning:
+            lines.append(f"{'':13}reasoning: {b.reasoning}")
+    return lines
+
+
+def _usage_text(usage: dict[str, float]) -> str:
+    return ", ".join(f"{k.replace('_', ' ')} {v:g}" for k, v in usage.items())
 
 
 def _num(value: float | None, digits: int = 3) -> str:
@@ -211,6 +247,7 @@ def explain(task_id: str, app: Celery | None = None, *,
             ],
             attempts=attempt_history(messages),
             attempt=row.attempt,
+            watch=watch_of(row),
             why=why,
         )
 
@@ -224,6 +261,7 @@ def bid_view(b: BidRow, announced_at: float) -> BidView:
         trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
         is_winner=b.is_winner, late=b.late,
         answered_after_ms=(b.bid_at - announced_at) * 1000,
+        **_judged(b.payload or {}),
     )
 
 
@@ -231,6 +269,14 @@ def _moved_from(detail: dict[str, Any] | None) -> tuple[str, str] | None:
     """(node, reason) of a REAWARDED message's detail."""
     d = detail or {}
     return (str(d["from"]), str(d.get("reason") or "")) if d.get("from") else None
+
+
+def _judged(payload: dict[str, Any]) -> dict[str, Any]:
+    """The proposal, reasoning, bidder and usage of a stored answer (its JSON payload)."""
+    return {"proposal": str(payload.get("proposal") or ""),
+            "reasoning": str(payload.get("reasoning") or ""),
+            "bidder": payload.get("bidder"),
+            "usage": dict(payload.get("usage") or {})}
 
 
 def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
@@ -247,7 +293,8 @@ def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> li
     views = []
     for a in answers:
         common: dict[str, Any] = {"node": a.node, "attempt": a.attempt,
-                                  "answered_after_ms": (a.bid_at - announced_at) * 1000}
+                                  "answered_after_ms": (a.bid_at - announced_at) * 1000,
+                                  **_judged(a.model_dump())}
         if isinstance(a, Bid):
             views.append(BidView(will_bid=True, capability=a.capability,
                                  experience=a.experience, load=a.load,

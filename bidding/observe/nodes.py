@@ -41,6 +41,9 @@ class NodeView(BaseModel):
     attempts: int
     successes: int
     success_rate: float | None
+    #: Its profile's own bidder ("package.module:function" or "llm"); None: the built-in one
+    #: (announcers in "auto" bid mode bid for it; they ask the others).
+    bidder: str | None = None
 
 
 def node_views(settings: Settings, now: float | None = None) -> list[NodeView]:
@@ -64,7 +67,8 @@ def node_views(settings: Settings, now: float | None = None) -> list[NodeView]:
                 in_flight=int(in_flight.get(n.name, 0)),
                 load=int(in_flight.get(n.name, 0)) / max(1, n.capacity),
                 tasks_won=0, attempts=n.attempts, successes=n.successes,
-                success_rate=n.successes / n.attempts if n.attempts else None)
+                success_rate=n.successes / n.attempts if n.attempts else None,
+                bidder=n.bidder)
             for n in nodes
         ]
     wins = {s.node: s.wins for s in collect(settings.database_url).nodes}

@@ -1,8 +1,10 @@
-"""Federation statistics from the store: seed 000's monitoring queries, and latency percentiles."""
+"""Federation statistics from the store: seed 000's monitoring queries, latency percentiles,
+success per task type, escalations, and the protocol checker's verdict."""
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +12,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from bidding.lifecycle import journal, states
+from bidding.observe.logcheck import check_log
 from bidding.store import read_session
 from bidding.store.schema import Announcement, BidRow, Message
 
@@ -33,6 +36,29 @@ class NodeStats(BaseModel):
     avg_score: float | None
 
 
+class TypeStats(BaseModel):
+    """The tasks of one task type: how they ended."""
+
+    task_type: str
+    announced: int
+    succeeded: int
+    failed: int
+    #: Not ended yet (ESCALATED counts here: an operator's to decide).
+    unfinished: int
+    success_rate: float | None
+
+
+class ProtocolStats(BaseModel):
+    """The protocol checker's verdict over the tasks of the window (``bidding check`` lists
+    the violations)."""
+
+    tasks_checked: int
+    violations: int
+    tasks_with_violations: int
+    #: Violations per rule (docs/architecture.md, "The protocol checker").
+    by_rule: dict[str, int] = {}
+
+
 class Stats(BaseModel):
     """Totals since ``since`` (Unix time; 0 = ever)."""
 
@@ -48,6 +74,13 @@ class Stats(BaseModel):
     assignment_p99_ms: float | None
     avg_bids_per_task: float | None
     nodes: list[NodeStats]
+    #: Per task type, by type name.
+    task_types: list[TypeStats] = []
+    #: ESCALATED messages: tasks handed to a human (deferred too often; a final state).
+    escalated: int = 0
+    #: WATCH_ESCALATED messages: silent tasks the monitor flagged (they keep running).
+    watch_escalated: int = 0
+    protocol: ProtocolStats | None = None
 
     def render(self) -> str:
         """Plain text for terminals: totals, assignment latency, one row per node."""
@@ -63,6 +96,22 @@ class Stats(BaseModel):
             f"assignment latency: p50 {ms(self.assignment_p50_ms)}, "
             f"p99 {ms(self.assignment_p99_ms)}",
         ]
+        lines.append(f"escalations: {self.escalated} escalated (final), {self.watch_escalated} "
+                     "flagged by the monitor (still running)")
+        if self.protocol is not None:
+            p = self.protocol
+            verdict = ("every one keeps the protocol" if not p.violations else
+                       f"{p.violations} violation(s) in {p.tasks_with_violations} task(s) ("
+                       + ", ".join(f"{r} {n}" for r, n in p.by_rule.items())
+                       + "); `bidding check` lists them")
+            lines.append(f"protocol checker: {p.tasks_checked} task log(s) checked, {verdict}")
+        if self.task_types:
+            lines.append(f"{'task type':<20} {'tasks':>5} {'ok':>5} {'failed':>6} "
+                         f"{'unfinished':>10} {'success':>8}")
+            for t in self.task_types:
+                share = "-" if t.success_rate is None else f"{t.success_rate:.1%}"
+                lines.append(f"{t.task_type:<20} {t.announced:>5} {t.succeeded:>5} "
+                             f"{t.failed:>6} {t.unfinished:>10} {share:>8}")
         if not self.nodes:
             return "\n".join(lines)
         lines.append("per node: wins (attempts awarded) = ok + failed (the task ended there) + "
@@ -90,9 +139,15 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
     with read_session(database_url) as session:
         rows = session.execute(
             select(Announcement.state, Announcement.assigned_node, Announcement.announced_at,
-                   Announcement.awarded_at)
+                   Announcement.awarded_at, Announcement.task_type)
             .where(Announcement.announced_at >= since)
         ).all()
+        escalations: dict[str, int] = {kind: n for kind, n in session.execute(
+            select(Message.kind, func.count())
+            .join(Announcement, Announcement.task_id == Message.task_id)
+            .where(Announcement.announced_at >= since,
+                   Message.kind.in_((journal.ESCALATED, journal.WATCH_ESCALATED)))
+            .group_by(Message.kind))}
         # Every award of an attempt to a node: by its auction, or moved to another bidder.
         awards = session.execute(
             select(Message.task_id, Message.attempt, Message.node, Message.kind,
@@ -113,6 +168,7 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
                  if a.kind == journal.AWARDED and a.detail
                  and a.detail.get("latency_ms") is not None]
     per_node = _award_outcomes(awards)
+    checked = check_log(database_url, since=since)
     succeeded = sum(1 for r in rows if r[0] == states.SUCCESS)
     failed = sum(1 for r in rows if r[0] == states.FAILED)
     total_bids = sum(int(n) for _, n, _ in bid_rows)
@@ -128,6 +184,12 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
         assignment_p50_ms=percentile(latencies, 50),
         assignment_p99_ms=percentile(latencies, 99),
         avg_bids_per_task=total_bids / len(rows) if rows else None,
+        task_types=_by_type(rows),
+        escalated=int(escalations.get(journal.ESCALATED, 0)),
+        watch_escalated=int(escalations.get(journal.WATCH_ESCALATED, 0)),
+        protocol=ProtocolStats(tasks_checked=checked.tasks, violations=len(checked.violations),
+                               tasks_with_violations=len(checked.offending()),
+                               by_rule=checked.by_rule()),
         nodes=[
             NodeStats(
                 node=n,
@@ -143,6 +205,22 @@ def collect(database_url: str, since: float = 0.0) -> Stats:
             for n in nodes
         ],
     )
+
+
+def _by_type(rows: Sequence[Any]) -> list[TypeStats]:
+    """Per task type: announced, ended in SUCCESS, in FAILED, and not ended."""
+    counts: dict[str, Counter[str]] = {}
+    for row in rows:
+        counts.setdefault(str(row.task_type), Counter())[row.state] += 1
+    out = []
+    for task_type in sorted(counts):
+        c = counts[task_type]
+        total = sum(c.values())
+        ok, failed = c[states.SUCCESS], c[states.FAILED]
+        out.append(TypeStats(task_type=task_type, announced=total, succeeded=ok, failed=failed,
+                             unfinished=total - ok - failed,
+                             success_rate=ok / (ok + failed) if ok + failed else None))
+    return out
 
 
 def _award_outcomes(awards: Sequence[Any]) -> dict[str, dict[str, int]]:

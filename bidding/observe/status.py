@@ -9,8 +9,10 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from bidding.errors import UnknownTaskError
+from bidding.lifecycle import states
 from bidding.models import Announcement
 from bidding.observe.attempts import AttemptView, attempt_history
+from bidding.observe.watch import WatchState, WatchView, last_news, view
 from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import LedgerEntry, Message
@@ -50,17 +52,26 @@ class TaskStatus(BaseModel):
     finished_at: float | None = None
     #: The final outcome: ``{"value": ...}`` (the task's JSON result) or ``{"exception": ...}``.
     result: dict[str, Any] | None = None
+    #: Seed 002's watch while the task is delegated (ASSIGNED or EXECUTING): checks without
+    #: news, the next check, an escalation and its reason. None otherwise.
+    watch: WatchView | None = None
 
     def render(self) -> str:
         """Plain text for terminals."""
+        now = time.time()
+        # An escalation is a flag on the state, not a state: "EXECUTING, escalated: why".
+        state = (f"{self.state}, {self.watch.line(now)}" if self.watch and self.watch.escalated
+                 else self.state)
         lines = [f"task {self.task_id}  {self.task_name}",
-                 f"  state: {self.state}  attempt: {self.attempt}  node: {self.node or '-'}"]
+                 f"  state: {state}  attempt: {self.attempt}  node: {self.node or '-'}"]
+        if self.watch and not self.watch.escalated and self.watch.check_attempts:
+            lines.append(f"  watch: {self.watch.line(now)}")
         if self.progress:
             p = self.progress
             pct = f" ({p['percent']}%)" if p.get("percent") is not None else ""
             lines.append(f"  progress: {p.get('current')}/{p.get('total')}{pct} {p.get('note')}")
         if self.retry_at:
-            lines.append(f"  next attempt in {max(0.0, self.retry_at - time.time()):.1f}s")
+            lines.append(f"  next attempt in {max(0.0, self.retry_at - now):.1f}s")
         budget = "-" if self.budget is None else f"{self.budget:.4f}"
         lines.append(f"  cost so far: {self.cost_so_far:.4f} of budget {budget}")
         for e in self.ledger:
@@ -103,5 +114,14 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
             last_events=kinds,
             attempts=attempt_history(log),
             announced_at=row.announced_at, started_at=row.started_at,
-            finished_at=row.finished_at, result=row.result,
+            finished_at=row.finished_at, result=row.result, watch=watch_of(row),
         )
+
+
+def watch_of(row: AnnouncementRow) -> WatchView | None:
+    """The watch of a task's row while it is delegated; None otherwise."""
+    if row.state not in states.IN_FLIGHT_STATES:
+        return None
+    stored = WatchState(row.check_attempts, row.next_check_time, row.check_since,
+                        row.escalated_at, row.escalation)
+    return view(stored, last_news(row.awarded_at, row.started_at, row.progress, row.attempt))

@@ -42,6 +42,12 @@ class Node(Base):
     #: can rank candidates by learned trust without reading the episodes.
     attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     successes: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    #: Its profile's ``[checking]`` table (seed 002's agent-specific backoff), written with the
+    #: profile at registration; None: the global ``bidding_*check*`` settings apply.
+    checking: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: Its profile's own bidder ("package.module:function" or "llm"), None for the built-in
+    #: one: announcers in "auto" bid mode bid for a node without one and ask the others.
+    bidder: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class Worker(Base):
@@ -67,6 +73,9 @@ class Worker(Base):
     #: "online", "offline" (draining, or its broker connection lost), or "ended" once a
     #: watchdog has handled its end (dead for the TTL, or replaced by a new incarnation).
     status: Mapped[str] = mapped_column(String(16), default="online")
+    #: Ids of the tasks its pool runs now, as of its last heartbeat (what a check of a
+    #: delegated task asks the node: is it running that attempt?).
+    running: Mapped[list[str] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Announcement(Base):
@@ -118,6 +127,15 @@ class Announcement(Base):
     #: When set, the result backend may lack the final state (its write failed, or the worker
     #: died before it): a sweeper writes it again from the store at this time.
     report_due: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    #: Seed 002's watch of an ASSIGNED or EXECUTING task (``bidding.observe.watch``): checks
+    #: that found no news since ``check_since`` (the latest award, start, progress report or
+    #: reset the watch has seen), and when the next one is due (None: to be scheduled).
+    check_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    next_check_time: Mapped[float | None] = mapped_column(Float, nullable=True)
+    check_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: Set when the watch escalated the task (a flag for a human, not a state): when and why.
+    escalated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    escalation: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),

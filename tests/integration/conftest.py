@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -21,12 +22,11 @@ from celery import Celery
 
 from bidding.config import Settings, get_settings, reset_settings
 from bidding.nodes.federation import Federation
-from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import dispose_all, upgrade
 from bidding.store.migrate import forget_schema_checks
-from tests.conftest import POSTGRES_URL, REDIS_DB, REDIS_URL, require
+from tests.conftest import POSTGRES_URL, REDIS_DB, REDIS_URL, bury, ghost, require
 
 ROOT = Path(__file__).resolve().parents[2]
 BROKER = f"{REDIS_URL}/{REDIS_DB}"
@@ -46,13 +46,14 @@ def _check(fn: object) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def write_profile(directory: Path, name: str, skills: list[str]) -> Path:
-    """An equal profile for every test node: only the skills differ."""
+def write_profile(directory: Path, name: str, skills: list[str], extra: str = "") -> Path:
+    """An equal profile for every test node: only the skills differ (and ``extra`` TOML
+    lines, e.g. a bidder of its own)."""
     path = directory / f"{name}.toml"
     caps = ", ".join(f'"{s}"' for s in skills)
     path.write_text(
         f'name = "{name}"\ncapabilities = [{caps}]\ncapacity = 4\n'
-        "price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n"
+        f"price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n{extra}"
     )
     return path
 
@@ -99,16 +100,11 @@ class Cluster:
 
     def ghost(self, skills: list[str], name: str = "ghost") -> NodeProfile:
         """Register a live node whose queues nobody consumes (a heartbeat and nothing else)."""
-        profile = NodeProfile(name=name, capabilities=skills, capacity=4, price_per_unit=0.01,
-                              latency_ms=50, trust=70)
-        heartbeat(self.settings, profile)
-        invalidate_cache()
-        return profile
+        return ghost(self.settings, skills, name)
 
     def bury(self, name: str = "ghost") -> None:
         """Take a ghost out of the candidates again."""
-        mark_offline(self.settings, name)
-        invalidate_cache()
+        bury(self.settings, name)
 
 
 def _repoint(app: Celery, broker: str, backend: str) -> None:
@@ -130,18 +126,27 @@ def _repoint(app: Celery, broker: str, backend: str) -> None:
 @contextmanager
 def running_cluster(database_url: str, directory: Path, backend: str,
                     broker: str = BROKER, result_backend: str | None = None,
-                    extra_env: dict[str, str] | None = None) -> Iterator[Cluster]:
-    """Start the three nodes against ``broker`` and the store at ``database_url``.
+                    extra_env: dict[str, str] | None = None,
+                    nodes: Mapping[str, list[str]] = NODES,
+                    profiles: dict[str, str] | None = None) -> Iterator[Cluster]:
+    """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
+    at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
+    ``profiles``: more TOML lines for a node's profile, by node name.
+    Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
+    says otherwise: the test nodes all bid with the built-in function, so under the default,
+    "auto", every auction would be proxied, and the tests of the asking path (the bid
+    requests, the board, silent rounds) would test nothing (tests/integration/test_bidders.py
+    runs "auto", test_proxy.py "proxy").
     """
     from tests.integration.app import app
 
+    extra_env = {"BIDDING_BID_MODE": "ask", **(extra_env or {})}
     if broker.startswith("redis"):
         # Every cluster names its nodes alike: a message an earlier cluster left in exec.north
         # or bidding:requests:north must not reach this one's north.
         redis.Redis.from_url(broker).flushdb()
-    extra_env = extra_env or {}
     previous = {k: os.environ.get(k) for k in ("BIDDING_DATABASE_URL", *extra_env)}
     os.environ["BIDDING_DATABASE_URL"] = database_url
     os.environ.update(extra_env)
@@ -162,7 +167,8 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         cwd=ROOT,
     )
     try:
-        federation.start(write_profile(directory, n, s) for n, s in NODES.items())
+        federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""))
+                         for n, s in nodes.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)
@@ -180,23 +186,32 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         forget_schema_checks()
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def cluster(request: pytest.FixtureRequest, redis_broker: str,
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
-    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
-    if request.param == "sqlite":
-        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite") as c:
+@contextmanager
+def store_cluster(store: str, directory: Path, **options: Any) -> Iterator[Cluster]:
+    """``running_cluster`` with the store on ``store``: "sqlite" (a file in ``directory``) or
+    "postgresql" (a new database, dropped afterwards)."""
+    if store == "sqlite":
+        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
+                             **options) as c:
             yield c
         return
     databases = _postgres_database()
     url = next(databases)
     try:
-        with running_cluster(url, directory, "postgresql") as c:
+        with running_cluster(url, directory, "postgresql", **options) as c:
             yield c
     finally:
         for _ in databases:  # runs the database's teardown
             pass
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def cluster(request: pytest.FixtureRequest, redis_broker: str,
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Three node worker processes on Redis, the store on SQLite or PostgreSQL."""
+    directory = tmp_path_factory.mktemp(f"cluster-{request.param}")
+    with store_cluster(request.param, directory) as c:
+        yield c
 
 
 def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -> bool:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from celery.result import AsyncResult
-from sqlalchemy import func, insert, select
+from sqlalchemy import delete, func, insert, select
 
 import bidding
 from bidding.auction.announce import row_values
@@ -18,11 +23,18 @@ from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.auction.board import RedisBoard, get_board
 from bidding.auction.close import close_auction
 from bidding.auction.proxy import PROXY_CLOSE
+from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement, Message
 from tests.integration.app import failing, gpu, phantom, shared
-from tests.integration.conftest import NODES, Cluster, assert_no_confident_bid, wait_for
+from tests.integration.conftest import (
+    NODES,
+    ROOT,
+    Cluster,
+    assert_no_confident_bid,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -247,6 +259,8 @@ def test_bids_in_before_the_announcement_is_stored_still_win(cluster: Cluster) -
     time.sleep(0.3)
     with write_session(cluster.settings.database_url) as s:
         s.execute(insert(Announcement), [row_values(rfp, "BIDDING", ["north"])])
+        journal.record(s, rfp.task_id, journal.ANNOUNCED, at=rfp.announced_at,
+                       candidates=["north"])  # as the caller's insert writes it
     closer.join(timeout=10)
     # then the award waited for the row, and the task runs on the bidder
     assert awards and awards[0] is not None and awards[0].winner == "north"
@@ -315,3 +329,111 @@ def test_nodes_refuse_a_strategy_path_they_do_not_allow(
     assert cluster.executions(result.id) == 0
     # (a registered name stays allowed everywhere)
     assert shared.apply_async((2,), bidding={"strategy": "composite"}).get(timeout=15)["value"] == 2
+
+
+# -- the protocol checker over this module's real logs (last: it corrupts some of them) ------
+
+Log = list[dict[str, Any]]
+
+
+def bidding_check(cluster: Cluster) -> tuple[int, str, dict[str, Any]]:
+    """``bidding check --database-url URL`` as an operator runs it: exit status, text, JSON."""
+    def run(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "bidding.cli", "check", "--database-url",
+             cluster.settings.database_url, *extra],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+            text=True, timeout=60)
+
+    text, as_json = run(), run("--json")
+    assert text.returncode == as_json.returncode, text.stdout + as_json.stdout
+    return text.returncode, text.stdout + text.stderr, json.loads(as_json.stdout)
+
+
+def relog(cluster: Cluster, task_id: str, edit: Callable[[Log], Log]) -> None:
+    """Rewrite a task's log by hand, in SQL: ``edit`` gets its messages in log order and
+    returns them as they shall be (dropped, changed, added or moved); they are written back
+    with new ids in that order."""
+    columns = (Message.kind, Message.node, Message.attempt, Message.detail, Message.at)
+    with write_session(cluster.settings.database_url) as s:
+        rows = [dict(r._mapping) for r in s.execute(
+            select(*columns).where(Message.task_id == task_id).order_by(Message.id))]
+        base = int(s.scalar(select(func.max(Message.id))) or 0) + 1000
+        s.execute(delete(Message).where(Message.task_id == task_id))
+        s.execute(insert(Message), [{**row, "id": base + i, "task_id": task_id}
+                                    for i, row in enumerate(edit(rows))])
+
+
+def _first(log: Log, kind: str, node: str | None = None) -> dict[str, Any]:
+    return next(m for m in log if m["kind"] == kind and (node is None or m["node"] == node))
+
+
+def _winner(log: Log) -> str:
+    return str(_first(log, "AWARDED")["node"])
+
+
+def _loser(log: Log) -> dict[str, Any]:
+    return next(m for m in log if m["kind"] == "BID" and m["node"] != _winner(log))
+
+
+def _tail(log: Log, start: str) -> Log:
+    at = next(i for i, m in enumerate(log) if m["kind"] == start)
+    return log[at:]
+
+
+#: rule -> how a real log of a task that three nodes bid on and that succeeded is broken.
+CORRUPTIONS: dict[str, Callable[[Log], Log]] = {
+    "announced_first": lambda log: [m for m in log if m["kind"] != "ANNOUNCED"],
+    "known_kind": lambda log: [*log, {**log[-1], "kind": "HEARTBEAT"}],
+    "attempt_numbers": lambda log: [
+        {**m, "attempt": 2} if m["kind"] == "TASK_SUCCEEDED" else m for m in log],
+    "lifecycle": lambda log: [m for m in log if m["kind"] != "TASK_COMPLETED"],
+    # a loser's bid (in time) moved after the award
+    "bids_while_open": lambda log: [
+        *[m for m in log if m is not _loser(log) and m["kind"] not in (
+            "TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED")],
+        _loser(log), *_tail(log, "TASK_ACCEPTED")],
+    "candidates_only": lambda log: [
+        {**m, "node": "intruder"} if m is _loser(log) else m for m in log],
+    # the award written twice
+    "one_award": lambda log: [
+        *[m for m in log if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED",
+                                              "TASK_SUCCEEDED")],
+        _first(log, "AWARDED"), *_tail(log, "TASK_ACCEPTED")],
+    "award_to_bidder": lambda log: [m for m in log if m is not _first(log, "BID", _winner(log))],
+    "holder_only": lambda log: [
+        {**m, "node": _loser(log)["node"]} if m["kind"] == "TASK_COMPLETED" else m
+        for m in log],
+    # progress reported before the task was accepted
+    "run_order": lambda log: [
+        *[m for m in log if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED",
+                                              "TASK_SUCCEEDED")],
+        {**_first(log, "TASK_ACCEPTED"), "kind": "PROGRESS_UPDATE"},
+        *_tail(log, "TASK_ACCEPTED")],
+    "final_is_final": lambda log: [*log, _first(log, "TASK_ACCEPTED")],
+}
+
+
+def test_bidding_check_passes_real_logs_and_names_each_task_whose_log_was_corrupted(
+        cluster: Cluster) -> None:
+    # given the real auctions of this module (retries, refusals, silent rounds, proxy bids,
+    # duplicate awards, no-bid failures...) and one task per rule that three nodes bid on
+    tasks = [shared.delay(f"check-{rule}") for rule in CORRUPTIONS]
+    for result in tasks:
+        result.get(timeout=30)
+    # when `bidding check` reads the store's log, then every task keeps the protocol
+    status, text, verdict = bidding_check(cluster)
+    assert status == 0, text
+    assert verdict["ok"] and verdict["violations"] == [] and verdict["tasks"] >= len(tasks)
+    assert "every one keeps the protocol" in text
+    # when one task's log per rule is corrupted by hand with SQL
+    broken = dict(zip(CORRUPTIONS, (r.id for r in tasks), strict=True))
+    for rule, task_id in broken.items():
+        relog(cluster, task_id, CORRUPTIONS[rule])
+    # then it exits 1, printing each corrupted task with the rule it breaks, and no other task
+    status, text, verdict = bidding_check(cluster)
+    assert status == 1, text
+    found = {(v["task_id"], v["rule"]) for v in verdict["violations"]}
+    assert found == {(task_id, rule) for rule, task_id in broken.items()}, text
+    for rule, task_id in broken.items():
+        assert f"{task_id} {rule}: " in text, text

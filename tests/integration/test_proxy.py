@@ -20,9 +20,8 @@ from tests.integration.app import flaky, ghostly, gpu, shared
 from tests.integration.conftest import (
     NODES,
     Cluster,
-    _postgres_database,
     assert_no_confident_bid,
-    running_cluster,
+    store_cluster,
     wait_for,
 )
 
@@ -36,20 +35,9 @@ def proxied(request: pytest.FixtureRequest, redis_broker: str,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The three test nodes, with every announcer (this process and the nodes' sweepers) in
     proxy mode."""
-    directory = tmp_path_factory.mktemp(f"proxy-{request.param}")
-    if request.param == "sqlite":
-        with running_cluster(f"sqlite:///{directory}/store.db", directory, "sqlite",
-                             extra_env=PROXY) as c:
-            yield c
-        return
-    databases = _postgres_database()
-    url = next(databases)
-    try:
-        with running_cluster(url, directory, "postgresql", extra_env=PROXY) as c:
-            yield c
-    finally:
-        for _ in databases:  # runs the database's teardown
-            pass
+    with store_cluster(request.param, tmp_path_factory.mktemp(f"proxy-{request.param}"),
+                    extra_env=PROXY) as c:
+        yield c
 
 
 def messages(cluster: Cluster, task_id: str) -> list[Message]:

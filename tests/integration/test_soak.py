@@ -2,7 +2,8 @@
 workers on PostgreSQL and a Redis broker of the test's own, while three workers are SIGKILLed
 and restarted a second later and the broker restarts once. Every task ``.delay()`` accepted
 must end in its right final state in the store and at its caller, and any body that ran twice
-must be explained by a kill between its end and its recorded completion."""
+must be explained by a kill between its end and its recorded completion; and the protocol
+checker must find every task's message log in order."""
 
 from __future__ import annotations
 
@@ -37,3 +38,7 @@ def test_a_short_chaos_soak_loses_nothing(tmp_path: Path) -> None:
     assert not result.chaos_errors, text
     assert result.verdict.ok, text
     assert result.verdict.accepted >= 80, text
+    # and the protocol checker finds every task's message log in order, faults and all
+    assert result.protocol is not None, text
+    assert result.protocol.violations == [], text
+    assert result.protocol.tasks >= result.verdict.accepted, text

@@ -47,7 +47,9 @@ def make_app(store_url: str, **conf: Any) -> Celery:
 @pytest.fixture
 def celery_app(store_url: str) -> Celery:
     invalidate_cache()
-    return make_app(store_url)
+    # Asking its nodes, so that an auction stays open until bluefin (no worker here) answers;
+    # in "auto" the caller would bid for it and award at once.
+    return make_app(store_url, bidding_bid_mode="ask")
 
 
 @pytest.fixture
@@ -252,6 +254,12 @@ def test_stats_are_those_of_bidding_stats(client: TestClient, store_url: str) ->
     # when the stats are read, then it is counted, unfinished
     stats = client.get("/aitp/stats").json()
     assert (stats["announced"], stats["unfinished"]) == (1, 1)
+    # with its task type, the escalations, and the protocol checker's verdict on its log
+    [task_type] = stats["task_types"]
+    assert (task_type["announced"], task_type["unfinished"]) == (1, 1)
+    assert (stats["escalated"], stats["watch_escalated"]) == (0, 0)
+    assert stats["protocol"] == {"tasks_checked": 1, "violations": 0,
+                                 "tasks_with_violations": 0, "by_rule": {}}
     # and ?since= after it leaves it out
     assert client.get("/aitp/stats", params={"since": time.time() + 60}).json()[
         "announced"] == 0
@@ -299,6 +307,25 @@ def test_a_store_that_cannot_be_opened_is_503_naming_it(tmp_path: Path) -> None:
                    client.get("/aitp/tasks/x"), client.post("/aitp/tasks", json=SINGLE)):
         assert answer.status_code == 503, answer.text
         assert "missing" in answer.json()["detail"]
+
+
+def test_a_delegated_tasks_watch_and_its_escalation_are_shown(
+        client: TestClient, store_url: str) -> None:
+    from bidding.config import Settings
+    from tests.unit.test_checking import delegated, watched
+
+    # given a task delegated to a node, escalated by the watch
+    task_id, t0 = delegated(Settings(database_url=store_url, auto_migrate=False))
+    watched(Settings(database_url=store_url), task_id, check_attempts=10, check_since=t0,
+            next_check_time=t0 + 1800, escalated_at=t0 + 9000,
+            escalation="silent after 10 checks (node n1 alive, not running it)")
+    # when its status is read
+    shown = client.get(f"/aitp/tasks/{task_id}").json()
+    # then its state is still its own, and the watch says it is escalated and why
+    assert (shown["status"], shown["state"]) == ("PENDING", "ASSIGNED")
+    assert shown["watch"] == {"check_attempts": 10, "next_check_time": t0 + 1800,
+                              "escalated": True, "escalated_at": t0 + 9000,
+                              "reason": "silent after 10 checks (node n1 alive, not running it)"}
 
 
 def test_closed_auctions_are_listed_newest_first_with_their_bids_and_why(

@@ -1,0 +1,51 @@
+"""The watch's loop: a pass of due checks (``checking.check_due``) every fraction of a second.
+
+Every node worker runs one (as it runs the sweepers), so no extra process is needed;
+``bidding monitor`` runs the same loop in the foreground, for a store whose tasks no node
+worker watches (or to see escalations as they happen). Passes of several monitors at once are
+harmless: each check is claimed by a compare-and-set.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from bidding.config import Settings
+from bidding.nodes.periodic import Periodic
+from bidding.observe.checking import Pass, check_due
+from bidding.observe.watch import pass_interval
+
+
+class Monitor:
+    """A restartable loop of watch passes; its interval follows the shortest first wait of
+    any policy and the number of nodes whose monitors share the work."""
+
+    def __init__(self, settings: Settings, name: str = "bidding-monitor",
+                 app: Celery | None = None) -> None:
+        self.settings = settings
+        #: Where escalations are sent as Flower events (when its events are on).
+        self.app = app
+        self.last = Pass(shortest_wait=settings.initial_check_wait_time)
+        self._loop = Periodic(name, self.interval, self.run_once, jitter=0.25)
+
+    def interval(self) -> float:
+        """Seconds until the next pass."""
+        return pass_interval(self.last.shortest_wait, self.last.alive)
+
+    def run_once(self) -> Pass:
+        """One pass now."""
+        self.last = check_due(self.settings, app=self.app)
+        return self.last
+
+    @property
+    def running(self) -> bool:
+        """True while the loop runs."""
+        return self._loop.running
+
+    def start(self) -> None:
+        """Start the loop (its first pass after one interval)."""
+        self._loop.start()
+
+    def stop(self) -> None:
+        """Stop the loop (the pass under way finishes)."""
+        self._loop.stop()

@@ -1,0 +1,32 @@
+"""The bidder of the integration tests' node east (tests/integration/test_bidders.py), imported
+by its worker from its profile: ``bidder = "tests.integration.bidders:choosy"``."""
+
+from __future__ import annotations
+
+import time
+
+from bidding import Announcement, Bid, BidResponse
+
+#: The kind of task east refuses, and why.
+REFUSED_TYPE = "legal_review"
+REFUSAL = "east does no legal reviews: it has nobody to sign them off"
+#: Seconds east's bidder takes on a task whose value is "sleep" (past its bidder_timeout_s).
+SLEEP = 3.0
+
+
+def choosy(rfp: Announcement, draft: Bid) -> BidResponse:
+    """Refuses legal reviews; takes ``SLEEP`` s over a task whose value is "sleep"; bids on
+    the rest with its own confidence and approach."""
+    if rfp.task_type == REFUSED_TYPE:
+        return BidResponse(will_bid=False, confidence=0.0, proposal="", reasoning=REFUSAL)
+    if rfp.args[:1] == ["sleep"]:
+        time.sleep(SLEEP)
+    if rfp.truncated:
+        # A document too long for the bid request: east says what it was shown.
+        shown = len(rfp.args[0]) if rfp.args else 0
+        return BidResponse(will_bid=True, confidence=0.95,
+                           proposal=f"east read {shown} characters of {rfp.truncated['args']}",
+                           reasoning="a long document, shortened for the bid request")
+    return BidResponse(will_bid=True, confidence=0.95,
+                       proposal=f"east runs {rfp.task_type} {rfp.args[:1]} on its GPU",
+                       reasoning="idle GPU, and the task is small")
