@@ -320,7 +320,10 @@
       return h("tr", {class: `${b.is_winner ? "winner" : ""} ${eligible ? "" : "out"}`, "data-node": b.node},
         h("td", {}, b.is_winner ? h("b", {class: "star"}, "\u2605 ") : null, nodeTag(b.node)),
         h("td", {class: "num score"}, num(b.score)),
-        h("td", {}, eligible ? scoreBar(b, scale) : null, h("div", {class: "breakdown"}, detail)),
+        h("td", {}, eligible ? scoreBar(b, scale) : null, h("div", {class: "breakdown"}, detail),
+          // A node's own bidder (issue 14) says who judged the task, and why it bid so.
+          b.bidder ? h("div", {class: "breakdown"}, `bidder ${b.bidder}`,
+            b.reasoning ? `: ${b.reasoning}` : "") : null),
         ["capability", "experience", "load", "confidence"].map((k) => h("td", {class: "num"}, num(b[k], 2))),
         h("td", {class: "num"}, num(b.cost, 4)),
         h("td", {class: "num"}, num(b.latency_ms, 0)),
