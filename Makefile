@@ -12,8 +12,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[postgres,embedded,api,llm,dev]'
 	touch $(STAMP)
 
+# make demo KEEP=1: the dashboard, Flower and the nodes stay up after the summary (Ctrl-C stops).
 demo: $(STAMP)
-	$(PY) -m bidding.demo
+	$(PY) -m bidding.demo $(if $(KEEP),--keep)
 
 test: $(STAMP) lint
 	$(PY) -m pytest
@@ -33,4 +34,4 @@ e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
 clean:
-	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache .hypothesis

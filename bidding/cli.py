@@ -31,6 +31,7 @@ from celery.app.utils import find_app
 from sqlalchemy.exc import OperationalError
 
 from bidding.config import Settings, get_settings, load_settings
+from bidding.demo.run import KEEP_HELP as DEMO_KEEP_HELP
 from bidding.demo.run import OPTIONS as DEMO_OPTIONS
 from bidding.errors import BiddingError
 from bidding.nodes.profile import PROFILE_ENV, exec_queue, load_profile
@@ -435,11 +436,14 @@ def _demo_option(name: str) -> Callable[[F], F]:
 @_demo_option("concurrency")
 @_demo_option("interval")
 @_demo_option("seed")
-def demo(tasks: int, concurrency: int, interval: float, seed: int) -> None:
-    """Run the example federation end to end (same as `make demo`)."""
+@click.option("--keep", is_flag=True, help=f"{DEMO_KEEP_HELP[:1].upper()}{DEMO_KEEP_HELP[1:]}.")
+def demo(tasks: int, concurrency: int, interval: float, seed: int, keep: bool) -> None:
+    """Run the example federation end to end (same as `make demo`), with the dashboard and
+    Flower."""
     from bidding.demo.run import run
 
-    raise SystemExit(run(tasks=tasks, seed=seed, concurrency=concurrency, interval=interval))
+    raise SystemExit(run(tasks=tasks, seed=seed, concurrency=concurrency, interval=interval,
+                         keep=keep))
 
 
 @main.command("redis")

@@ -2,22 +2,25 @@
 ``bidding explain``, ``bidding nodes`` and ``bidding stats``, as a FastAPI application.
 
 Every route reads the store or calls the function the command line calls: ``bidding.submit``,
-``task_status``, ``graph_progress``, ``explain``, ``node_views``, ``stats.collect``.
+``task_status``, ``graph_progress``, ``explain``, ``node_views``, ``stats.collect``,
+``recent_auctions``, ``assignments_over_time``. The dashboard (``api.dashboard``) is served at
+``/`` and reads these routes only.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from celery import Celery
-from fastapi import Depends, FastAPI, HTTPException, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.responses import JSONResponse
 from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DataError, OperationalError
 
 from bidding.api.auth import read_access, write_access
+from bidding.api.dashboard import mount_dashboard
 from bidding.api.models import FINAL, NotDone, Problem, Submitted, TaskResult, TaskState, aitp_state
 from bidding.app import install
 from bidding.config import get_settings
@@ -26,10 +29,12 @@ from bidding.graphs.progress import GraphProgress, graph_progress, is_graph
 from bidding.graphs.spec import TaskDefinition
 from bidding.graphs.submit import submit
 from bidding.graphs.validate import GraphValidationError
+from bidding.observe.auctions import MAX_LIMIT, AuctionFeed, recent_auctions
 from bidding.observe.explain import Explanation, explain
 from bidding.observe.nodes import NodeView, node_views
 from bidding.observe.stats import Stats, collect
 from bidding.observe.status import TaskStatus, task_status
+from bidding.observe.timeline import MAX_BUCKETS, Timeline, assignments_over_time
 from bidding.store import ensure_schema, store_label
 
 _401: dict[int | str, dict[str, Any]] = {
@@ -39,6 +44,14 @@ _404: dict[int | str, dict[str, Any]] = {
 _503: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "The store (or, for a write, the broker) cannot "
           "be reached"}}
+
+
+#: The largest id the message log holds: its id column is a 32-bit INTEGER on PostgreSQL.
+_MAX_ID = 2**31 - 1
+#: A task's id in a path. No store can hold a NUL character (PostgreSQL refuses it in text),
+#: so an id with one is refused as such (422) instead of failing in the store (500).
+TaskId = Annotated[str, Path(pattern=r"^[^\x00]+$", description="a task graph's id (POST "
+                             "/aitp/tasks) or a bidding task's (.delay())")]
 
 
 class GraphBids(BaseModel):
@@ -111,6 +124,15 @@ def create_app(celery_app: Celery) -> FastAPI:
         return JSONResponse(status_code=503, content={
             "detail": f"cannot open the store {store_label(url)}: {reason}"})
 
+    @api.exception_handler(DataError)
+    async def unstorable(request: Request, exc: DataError) -> JSONResponse:
+        # A value of the request the store cannot hold (PostgreSQL: a NUL character in a
+        # definition's text): the request's fault, said as FastAPI says a bad field.
+        reason = str(exc.orig or exc).strip().splitlines()[0]
+        return JSONResponse(status_code=422, content={"detail": [
+            {"loc": ["body"], "msg": f"the store cannot hold a value of it: {reason}",
+             "type": "unstorable_value"}]})
+
     @api.exception_handler(BrokerError)
     async def broker_down(request: Request, exc: BrokerError) -> JSONResponse:
         return JSONResponse(status_code=503, content={
@@ -118,7 +140,9 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.post("/aitp/tasks", status_code=status.HTTP_201_CREATED, response_model=Submitted,
               dependencies=writes, tags=["tasks"],
-              responses={**_401, **_503, 422: {
+              responses={**_401, **_503, 400: {
+                  "model": Problem, "description": "The body cannot be read (bytes that are "
+                  "not UTF-8 text)"}, 422: {
                   "model": Problem, "description": "The definition does not validate, or "
                   "cannot run (the detail names the subtask and field)"}})
     def submit_task(definition: TaskDefinition) -> Submitted:
@@ -138,7 +162,7 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.get("/aitp/tasks/{task_id}", response_model=TaskState, dependencies=reads,
              tags=["tasks"], responses={**_401, **_404, **_503})
-    def get_task(task_id: str) -> TaskState:
+    def get_task(task_id: TaskId) -> TaskState:
         """AITP 8.2: a submitted task graph, or a bidding task (``.delay()``) by its id."""
         try:
             if is_graph(url, task_id):
@@ -150,7 +174,7 @@ def create_app(celery_app: Celery) -> FastAPI:
     @api.get("/aitp/tasks/{task_id}/result", response_model=TaskResult, dependencies=reads,
              tags=["tasks"], responses={**_401, **_404, **_503, 409: {
                  "model": NotDone, "description": "The task has not ended yet"}})
-    def get_result(task_id: str) -> TaskResult | JSONResponse:
+    def get_result(task_id: TaskId) -> TaskResult | JSONResponse:
         """AITP 8.3: the outcome of a task that ended; 409 while it runs."""
         try:
             if is_graph(url, task_id):
@@ -177,7 +201,7 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.get("/aitp/tasks/{task_id}/bids", response_model=Explanation | GraphBids,
              dependencies=reads, tags=["auctions"], responses={**_401, **_404, **_503})
-    def get_bids(task_id: str) -> Explanation | GraphBids:
+    def get_bids(task_id: TaskId) -> Explanation | GraphBids:
         """Every bid of the task's auction, its score breakdown, the strategy and the winner
         (``bidding explain --json``); for a task graph, each started subtask's."""
         try:
@@ -209,4 +233,32 @@ def create_app(celery_app: Celery) -> FastAPI:
         success per task type, escalations, and the protocol checker's verdict."""
         return collect(url, since)
 
+    @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,
+             tags=["auctions"], responses={**_401, **_503})
+    def get_auctions(
+        limit: Annotated[int, Query(ge=1, le=MAX_LIMIT,
+                                    description="how many auctions, newest first")] = 20,
+        after: Annotated[int, Query(ge=0, le=_MAX_ID, description="only auctions that "
+                                    "closed after this cursor (a previous answer's)")] = 0,
+    ) -> AuctionFeed:
+        """The auctions that closed last: each one's bids with their scores and breakdowns,
+        the winner, the assignment latency, and why the winner won."""
+        return recent_auctions(url, limit=limit, after=after)
+
+    @api.get("/aitp/timeline", response_model=Timeline, dependencies=reads, tags=["nodes"],
+             responses={**_401, **_503})
+    def get_timeline(
+        since: Annotated[float | None, Query(
+            allow_inf_nan=False, description="Unix time the chart starts at (default: the "
+            "first assignment of the last hour)")] = None,
+        until: Annotated[float | None, Query(
+            allow_inf_nan=False, description="Unix time the chart ends at (default: the "
+            "latest assignment)")] = None,
+        buckets: Annotated[int, Query(ge=1, le=MAX_BUCKETS)] = 30,
+    ) -> Timeline:
+        """Assignments per node over time (awards and moves to the next-best bidder), counted
+        in equal time buckets."""
+        return assignments_over_time(url, since=since, until=until, buckets=buckets)
+
+    mount_dashboard(api)
     return api

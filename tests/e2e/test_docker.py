@@ -329,12 +329,19 @@ def test_flower_is_published_on_port_5555(config: dict[str, Any]) -> None:
     assert "127.0.0.1:5555/healthcheck" in " ".join(service["healthcheck"]["test"])
 
 
-def test_the_api_service_is_announced_for_later() -> None:
-    # Given the compose file's text
-    text = COMPOSE_FILE.read_text()
-    # Then it says where the HTTP API service will come from
-    assert re.search(r"#.*HTTP API service lands with the API issue", text), \
-        "compose.yaml should say the API service lands with the API issue"
+def test_the_api_and_its_dashboard_are_published_on_port_8000(config: dict[str, Any]) -> None:
+    # Given the service that runs the HTTP API
+    api = [s for s in package_services(config).values() if s["command"][:2] == ["bidding", "api"]]
+    assert len(api) == 1, "expected one `bidding api` service"
+    service = api[0]
+    # When its command, ports and health check are read
+    _, params = resolve(bidding_cli, service["command"][1:])
+    ports = [(p.get("host_ip"), p["published"], p["target"]) for p in service["ports"]]
+    # Then it listens on port 8000 of every interface of its container (so Docker can publish
+    # it), published on the host's loopback, and is health-checked there
+    assert (params["host"], params["port"]) == ("0.0.0.0", 8000), params
+    assert ports == [("127.0.0.1", "8000", 8000)], ports
+    assert "127.0.0.1:8000/openapi.json" in " ".join(service["healthcheck"]["test"])
 
 
 # --- Dockerfile and .dockerignore ---------------------------------------------------------
@@ -424,6 +431,8 @@ def test_the_image_installs_the_package_with_the_extras_the_services_need() -> N
     wanted = re.search(r"\[([a-z,]+)\]", installs[0])
     assert wanted, f"no extras in {installs[0]}"
     assert "postgres" in wanted.group(1).split(","), installs[0]
+    # ... and the api extra (FastAPI, uvicorn), which `bidding api` needs
+    assert "api" in wanted.group(1).split(","), installs[0]
     assert set(wanted.group(1).split(",")) <= set(extras), installs[0]
     assert any(dep.startswith("psycopg") for dep in extras["postgres"])
     assert users and users[-1] not in ("root", "0"), users

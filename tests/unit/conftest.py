@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -33,12 +34,10 @@ def store_url(fresh_url: str) -> str:
     return fresh_url
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Settings]:
-    """A migrated store: the SQLite file of ``store_url``, or a new PostgreSQL database."""
-    if request.param == "sqlite":
-        yield Settings(database_url=store_url, auto_migrate=False)
-        return
+@contextmanager
+def postgres_database() -> Iterator[str]:
+    """A new, migrated PostgreSQL database, dropped afterwards: its URL (skipped, or failed
+    under CI=true, when the server is not there)."""
     server = make_url(normalize_url(POSTGRES_URL))
     name = f"bidding_ut_{uuid.uuid4().hex[:12]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
@@ -51,9 +50,19 @@ def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Setting
     url = server.set(database=name).render_as_string(hide_password=False)
     try:
         upgrade(url)
-        yield Settings(database_url=url, auto_migrate=False)
+        yield url
     finally:
         dispose_all()
         with admin.connect() as conn:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Settings]:
+    """A migrated store: the SQLite file of ``store_url``, or a new PostgreSQL database."""
+    if request.param == "sqlite":
+        yield Settings(database_url=store_url, auto_migrate=False)
+        return
+    with postgres_database() as url:
+        yield Settings(database_url=url, auto_migrate=False)

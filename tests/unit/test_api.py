@@ -57,11 +57,17 @@ def client(celery_app: Celery) -> TestClient:
     return TestClient(create_app(celery_app))
 
 
+def nodes_beat(store_url: str, *names: str) -> None:
+    """The demo's nodes ``names`` (profiles in workers/) are alive, as their heartbeats say."""
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    for name in names:
+        heartbeat(settings, load_profile(REPO / "workers" / f"{name}.toml"))
+    invalidate_cache()
+
+
 def bluefin_beats(store_url: str) -> None:
     """Node bluefin (pdf_text_extraction) is alive: auctions stay open, waiting for its bid."""
-    settings = load_settings({"bidding_database_url": store_url}, environ={})
-    heartbeat(settings, load_profile(REPO / "workers" / "bluefin.toml"))
-    invalidate_cache()
+    nodes_beat(store_url, "bluefin")
 
 
 def finish(store_url: str, task_id: str, value: Any) -> None:
@@ -320,3 +326,101 @@ def test_a_delegated_tasks_watch_and_its_escalation_are_shown(
     assert shown["watch"] == {"check_attempts": 10, "next_check_time": t0 + 1800,
                               "escalated": True, "escalated_at": t0 + 9000,
                               "reason": "silent after 10 checks (node n1 alive, not running it)"}
+
+
+def test_closed_auctions_are_listed_newest_first_with_their_bids_and_why(
+        store_url: str) -> None:
+    # given bluefin and sasass alive, and proxy bidding (the caller bids for them and awards)
+    nodes_beat(store_url, "bluefin", "sasass")
+    app = make_app(store_url, bidding_bid_mode="proxy")
+    client = TestClient(create_app(app))
+    # when a task both can do is called, then one that needs a skill nobody has
+    won = app.tasks["t.extract"].delay("https://example.org/c.pdf").id
+    lost = app.tasks["t.extract"].apply_async(
+        ["x"], bidding={"required_skills": ["quantum_annealing"]}).id
+    # then the auctions are listed newest first
+    feed = client.get("/aitp/auctions").json()
+    assert [a["task_id"] for a in feed["auctions"]] == [lost, won]
+    newest, oldest = feed["auctions"]
+    # ... the lost one without a winner, saying why
+    assert newest["winner"] is None and newest["outcome"] == "failed"
+    assert newest["why"][0].startswith("no award: No bidders registered")
+    # ... the won one with both bids, their scores and breakdowns, the winner among them
+    assert oldest["task_name"] == "t.extract" and oldest["strategy"] == "weighted"
+    assert {b["node"] for b in oldest["bids"]} == {"bluefin", "sasass"}
+    (winning,) = [b for b in oldest["bids"] if b["is_winner"]]
+    assert winning["node"] == oldest["winner"]
+    assert winning["score"] == oldest["winning_score"] == pytest.approx(1.0)
+    assert winning["breakdown"]["terms"] == {"confidence": 0.6, "skill_match": 0.4}
+    assert oldest["assignment_ms"] is not None and oldest["assignment_ms"] >= 0
+    assert oldest["why"][0].startswith(f"{oldest['winner']} won a tie with ")
+    # and the explain of the task says the same why
+    assert client.get(f"/aitp/tasks/{won}/bids").json()["why"] == oldest["why"]
+    # when asked for what closed after the newest, then nothing; and the limit holds
+    assert client.get("/aitp/auctions", params={"after": feed["cursor"]}).json() == {
+        "auctions": [], "cursor": feed["cursor"]}
+    assert len(client.get("/aitp/auctions", params={"limit": 1}).json()["auctions"]) == 1
+
+
+def test_a_subtasks_auction_names_its_graph_and_step(store_url: str) -> None:
+    # given a live node and proxy bidding
+    nodes_beat(store_url, "bluefin")
+    client = TestClient(create_app(make_app(store_url, bidding_bid_mode="proxy")))
+    # when a one-step definition is posted
+    graph = client.post("/aitp/tasks", json=SINGLE).json()["task_id"]
+    # then its step's auction is listed as a step of that graph
+    (auction,) = client.get("/aitp/auctions").json()["auctions"]
+    assert (auction["graph_id"], auction["step_id"], auction["winner"]) == (
+        graph, "task", "bluefin")
+
+
+def test_the_timeline_counts_assignments_per_node(store_url: str) -> None:
+    # given three tasks awarded among bluefin and sasass
+    nodes_beat(store_url, "bluefin", "sasass")
+    app = make_app(store_url, bidding_bid_mode="proxy")
+    client = TestClient(create_app(app))
+    for n in range(3):
+        app.tasks["t.extract"].delay(f"https://example.org/{n}.pdf")
+    # when the timeline is read in 5 buckets
+    timeline = client.get("/aitp/timeline", params={"buckets": 5}).json()
+    # then it spans the assignments, and counts all three, by node
+    assert len(timeline["buckets"]) == 5
+    assert set(timeline["nodes"]) <= {"bluefin", "sasass"}
+    assert sum(sum(b["counts"].values()) for b in timeline["buckets"]) == 3
+    assert timeline["since"] <= timeline["until"] <= time.time()
+    # and a window before them is empty
+    before = client.get("/aitp/timeline", params={"since": 0, "until": 1}).json()
+    assert before["nodes"] == [] and all(not b["counts"] for b in before["buckets"])
+
+
+def test_the_dashboard_is_served_at_the_root_without_a_token(store_url: str) -> None:
+    # given a read token
+    client = TestClient(create_app(make_app(store_url, bidding_api_read_token="r")))
+    # when the page and its files are fetched without it, then they are served
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert 'src="dashboard/dashboard.js"' in page.text
+    assert "#token=" in page.text  # how to give the token, on the page
+    script = client.get("/dashboard/dashboard.js")
+    assert script.status_code == 200 and "Authorization" in script.text
+    assert client.get("/dashboard/dashboard.css").status_code == 200
+    # but the data it reads needs the token
+    assert client.get("/aitp/auctions").status_code == 401
+    assert client.get("/aitp/auctions", headers={"Authorization": "Bearer r"}).status_code == 200
+    # and the page is not an operation of the API's schema
+    assert "/" not in client.get("/openapi.json").json()["paths"]
+
+
+def test_the_dashboards_files_are_package_data() -> None:
+    # given the files of the page and pyproject's package-data globs
+    import fnmatch
+    import tomllib
+
+    globs = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["bidding"]
+    files = [p.relative_to(REPO / "bidding").as_posix()
+             for p in (REPO / "bidding" / "api" / "static").iterdir()]
+    # then every file goes into the wheel
+    assert {"api/static/index.html", "api/static/dashboard.js"} <= set(files)
+    for name in files:
+        assert any(fnmatch.fnmatch(name, g) for g in globs), f"{name} is not package data"
