@@ -32,6 +32,7 @@ from bidding.graphs.validate import GraphValidationError
 from bidding.observe.auctions import MAX_LIMIT, AuctionFeed, recent_auctions
 from bidding.observe.explain import Explanation, explain
 from bidding.observe.nodes import NodeView, node_views
+from bidding.observe.reset import ResetOutcome, reset
 from bidding.observe.stats import Stats, collect
 from bidding.observe.status import TaskStatus, task_status
 from bidding.observe.timeline import MAX_BUCKETS, Timeline, assignments_over_time
@@ -52,6 +53,13 @@ _MAX_ID = 2**31 - 1
 #: so an id with one is refused as such (422) instead of failing in the store (500).
 TaskId = Annotated[str, Path(pattern=r"^[^\x00]+$", description="a task graph's id (POST "
                              "/aitp/tasks) or a bidding task's (.delay())")]
+
+
+class GraphReset(BaseModel):
+    """What a reset of a task graph cleared: each announced subtask's, by subtask id."""
+
+    task_id: str
+    subtasks: dict[str, ResetOutcome]
 
 
 class GraphBids(BaseModel):
@@ -216,6 +224,26 @@ def create_app(celery_app: Celery) -> FastAPI:
                         continue  # not announced yet
                 return GraphBids(task_id=task_id, subtasks=found)
             return explain(task_id, app=celery_app, database_url=url)
+        except UnknownTaskError as exc:
+            raise _not_found(exc) from None
+
+    @api.post("/aitp/tasks/{task_id}/reset", response_model=ResetOutcome | GraphReset,
+              dependencies=writes, tags=["tasks"], responses={**_401, **_404, **_503})
+    def reset_task(task_id: TaskId) -> ResetOutcome | GraphReset:
+        """Seed 002's ``reset_task`` (``bidding reset``): clear the task's checking state
+        (checks without news, next check, escalation) and put it back under watch; for a task
+        graph, each announced subtask's."""
+        try:
+            if is_graph(url, task_id):
+                p = graph_progress(url, task_id)
+                done: dict[str, ResetOutcome] = {}
+                for step in p.steps:
+                    try:
+                        done[step.step_id] = reset(step.task_id, database_url=url)
+                    except UnknownTaskError:
+                        continue  # not announced yet: nothing to clear
+                return GraphReset(task_id=task_id, subtasks=done)
+            return reset(task_id, database_url=url)
         except UnknownTaskError as exc:
             raise _not_found(exc) from None
 

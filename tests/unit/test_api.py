@@ -328,6 +328,34 @@ def test_a_delegated_tasks_watch_and_its_escalation_are_shown(
                               "reason": "silent after 10 checks (node n1 alive, not running it)"}
 
 
+def test_reset_clears_an_escalation_and_puts_the_task_back_under_watch(
+        store_url: str) -> None:
+    from bidding.config import Settings
+    from tests.unit.test_checking import delegated, watched
+
+    # given a task escalated by the watch, and an API with a write token
+    task_id, t0 = delegated(Settings(database_url=store_url, auto_migrate=False))
+    watched(Settings(database_url=store_url), task_id, check_attempts=10, check_since=t0,
+            next_check_time=t0 + 1800, escalated_at=t0 + 9000, escalation="silent")
+    client = TestClient(create_app(make_app(store_url, bidding_api_token="s3cret")))
+    # when it is reset without the token, then 401 and nothing changes
+    assert client.post(f"/aitp/tasks/{task_id}/reset").status_code == 401
+    assert client.get(f"/aitp/tasks/{task_id}").json()["watch"]["escalated"] is True
+    # when it is reset with the token
+    done = client.post(f"/aitp/tasks/{task_id}/reset",
+                       headers={"Authorization": "Bearer s3cret"})
+    # then the answer says what was cleared, and the task is under watch again
+    assert done.status_code == 200, done.text
+    assert done.json() == {"task_id": task_id, "state": "ASSIGNED", "node": done.json()["node"],
+                           "cleared_attempts": 10, "cleared_escalation": "silent",
+                           "watched": True}
+    watch = client.get(f"/aitp/tasks/{task_id}").json()["watch"]
+    assert (watch["check_attempts"], watch["escalated"]) == (0, False)
+    # and an unknown id is 404
+    missing = client.post("/aitp/tasks/nope/reset", headers={"Authorization": "Bearer s3cret"})
+    assert missing.status_code == 404 and "nope" in missing.json()["detail"]
+
+
 def test_closed_auctions_are_listed_newest_first_with_their_bids_and_why(
         store_url: str) -> None:
     # given bluefin and sasass alive, and proxy bidding (the caller bids for them and awards)
