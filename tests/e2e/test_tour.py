@@ -238,7 +238,10 @@ def test_tour_submit_gets_results_and_explains_the_award(tour: Tour) -> None:
         shown(explained))
     assert "  candidates: lens, quill" in explained.stdout, shown(explained)
     assert "  winner: quill (awarded" in explained.stdout, shown(explained)
-    rows = [line.split()[0] for line in explained.stdout.splitlines()[5:]]
+    assert "  why: quill won with 1.000" in explained.stdout, shown(explained)
+    lines = explained.stdout.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:1] == ["node"])
+    rows = [line.split()[0] for line in lines[header + 1:] if line.strip()]
     assert sorted(rows) == ["*quill", "lens"], shown(explained)
 
     # And status shows it succeeded on quill, and stats counts what ran
