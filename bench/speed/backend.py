@@ -97,13 +97,14 @@ class Backend:
         import bidding
         from bench.app import app, auction_noop, noop
         from bidding.config import get_settings
-        from bidding.store import upgrade
+        from bidding.store import masked_url, upgrade
 
         self.app, self.noop, self.auction = app, noop, auction_noop
         self.settings = settings = get_settings(app)
         res["bidding_file"] = bidding.__file__
         res["settings"] = {k: getattr(settings, k) for k in REPORTED_SETTINGS}
-        res["store"] = "SQLite (WAL) in a temp dir"
+        res["store"] = ("SQLite (WAL) file in a temp dir" if db_url.startswith("sqlite")
+                        else "PostgreSQL, a scratch database on " + masked_url(args.store))
         upgrade(db_url)
 
         plain = self._start_plain()

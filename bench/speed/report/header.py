@@ -34,7 +34,8 @@ def header_section(results: dict[str, Any]) -> list[str]:
             f"sweep_interval {s['sweep_interval']} s, heartbeat_interval "
             f"{s['heartbeat_interval']} s (ttl {s['heartbeat_ttl']} s), candidate_cap "
             f"{s['candidate_cap']}, window {s['window']} s, strategy {s['strategy']}, "
-            f"bid_threads {s['bid_threads']}; store: SQLite (WAL) file in a temp dir")
+            f"bid_threads {s['bid_threads']}; store: "
+            f"{any_backend.get('store', 'SQLite (WAL) file in a temp dir')}")
         lines.append(f"- {a['samples']} sequential samples after {a['warmup']} warm-up ones; "
                      f"bursts of {a['burst']}; percentiles by nearest rank")
     for b, r in results["backends"].items():
