@@ -256,10 +256,16 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.get("/aitp/stats", response_model=Stats, dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})
-    def get_stats(since: float = 0.0) -> Stats:
+    def get_stats(
+        since: Annotated[float, Query(
+            allow_inf_nan=False, description="Unix time: the announcements since then")] = 0.0,
+        protocol: bool = True,
+    ) -> Stats:
         """``bidding stats``: tasks per node, success rate, assignment latency p50/p99,
-        success per task type, escalations, and the protocol checker's verdict."""
-        return collect(url, since)
+        success per task type, escalations, and the protocol checker's verdict (a replay of
+        the window's whole message log: ``protocol=false`` leaves it out, as the dashboard's
+        polls do)."""
+        return collect(url, since, protocol=protocol)
 
     @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,
              tags=["auctions"], responses={**_401, **_503})

@@ -16,6 +16,7 @@ is recorded with the answer; the LLM bidder reports its model's usage so.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -56,8 +57,10 @@ def _usage(value: Any) -> dict[str, float]:
     if value is None:
         return {}
     if not isinstance(value, Mapping) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value.values()):
-        raise InvalidResponse(f"returned usage {_short(value)}; expected a dict of numbers "
+            isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+            for v in value.values()):
+        # (NaN or infinity would not survive JSON: the board drops it, PostgreSQL refuses it.)
+        raise InvalidResponse(f"returned usage {_short(value)}; expected a dict of finite numbers "
                               "(input_tokens, output_tokens, requests, cost...)")
     return {str(k): float(v) for k, v in value.items()}
 

@@ -53,6 +53,12 @@ class Outcome:
     row: Sequence[Any] | None = None
 
 
+#: The columns of a task's checking state (``observe.checking``) as a new delegation has them.
+WATCH_CLEARED: Final[dict[str, Any]] = {"check_attempts": 0, "next_check_time": None,
+                                        "check_since": None, "escalated_at": None,
+                                        "escalation": None}
+
+
 def transition(
     session: Session,
     task_id: str,
@@ -116,6 +122,11 @@ def apply(
         if not states.can_transition(before.target, step.target):
             raise ValueError(f"{before.target} -> {step.target} is not a transition")
         values.update(step.values)
+    if steps[-1].target == states.ASSIGNED:
+        # A new delegation (an award, a move to the next-best bidder): seed 002's checking
+        # state belongs to the delegation, so its watch starts again from this award (an
+        # escalation of the node that lost it must not hold the new one back for 30 minutes).
+        values = {**WATCH_CLEARED, **values}
     at = time.time() if at is None else at
     if session.autoflush:
         session.flush()  # what an ORM statement's autoflush did: pending rows are visible

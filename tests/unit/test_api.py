@@ -263,6 +263,12 @@ def test_stats_are_those_of_bidding_stats(client: TestClient, store_url: str) ->
     # and ?since= after it leaves it out
     assert client.get("/aitp/stats", params={"since": time.time() + 60}).json()[
         "announced"] == 0
+    # and ?protocol=false (the dashboard's polls) skips the replay of the log
+    cheap = client.get("/aitp/stats", params={"protocol": "false"}).json()
+    assert (cheap["announced"], cheap["protocol"]) == (1, None)
+    # and a since that is not a number of seconds is refused, naming it
+    nan = client.get("/aitp/stats", params={"since": "nan"})
+    assert nan.status_code == 422 and "since" in nan.text
 
 
 def test_the_openapi_schema_declares_every_status_code(client: TestClient) -> None:

@@ -193,6 +193,8 @@ def test_will_bid_false_is_a_refusal_whose_reason_is_the_reasoning() -> None:
      "price: Extra inputs are not permitted"),
     ({"will_bid": True, "confidence": 0.5, "proposal": "", "reasoning": "",
       "usage": {"tokens": "many"}}, "returned usage {'tokens': 'many'}; expected a dict of"),
+    ({"will_bid": True, "confidence": 0.5, "proposal": "", "reasoning": "",
+      "usage": {"cost": float("nan")}}, "returned usage {'cost': nan}; expected a dict of finite"),
 ])
 def test_an_invalid_answer_says_what_is_wrong(value: Any, expected: str) -> None:
     with pytest.raises(InvalidResponse) as caught:

@@ -279,3 +279,24 @@ def test_a_task_is_checked_on_the_schedule_of_the_node_it_is_delegated_to(
     # then that second look escalates it, after one check
     assert [(e.task_id, e.reason.split(" (")[0]) for e in done.escalated] == [
         (task_id, "silent after 1 check")]
+
+
+def test_a_move_to_another_node_starts_its_watch_afresh(fast: Settings) -> None:
+    from bidding.lifecycle import journal, states
+    from bidding.lifecycle.transition import transition
+
+    # given a task escalated by the watch while on NODE, its next check half an hour away
+    task_id, t0 = delegated(fast)
+    watched(fast, task_id, check_attempts=10, check_since=t0, next_check_time=t0 + 1800,
+            escalated_at=t0 + 9000, escalation="silent after 10 checks")
+    # when a watchdog moves it to the next-best bidder
+    with write_session(fast.database_url) as session:
+        assert transition(session, task_id, states.ASSIGNED, kind=journal.REAWARDED,
+                          assigned_node="other", awarded_at=t0 + 9001)
+    # then its checking state is that of a new delegation: no checks, no escalation, and the
+    # next pass considers it as soon as its first wait has gone by
+    moved = row(fast, task_id)
+    assert (moved.check_attempts, moved.next_check_time, moved.escalated_at,
+            moved.escalation) == (0, None, None, None)
+    watch = task_status(fast.database_url, task_id).watch
+    assert watch is None or not watch.escalated

@@ -275,7 +275,7 @@
   async function drawHome() {
     const [feed, nodes, timeline, stats] = await Promise.all([
       get("/aitp/auctions?limit=25"), get("/aitp/nodes"), get("/aitp/timeline?buckets=40"),
-      get("/aitp/stats")]);
+      get("/aitp/stats?protocol=false")]);
     totalsLine(stats);
     const key = JSON.stringify([feed.cursor, feed.auctions.map((a) => a.state), nodes, timeline.buckets, timeline.nodes]);
     if (key === shown) return;
