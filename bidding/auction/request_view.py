@@ -6,7 +6,9 @@ skills, the content, the args and kwargs, the budget, the deadline. It does not 
 shown:
 
 - Celery's canvas (``Announcement.canvas``): the callbacks, errbacks, chain and chord around
-  the call are other tasks' signatures, with their own arguments;
+  the call are other tasks' signatures, with their own arguments (its ids, root, parent and
+  group, are kept: they are no secret, and hiding them would make every task called from
+  another task's body a partial request);
 - ``exclude_nodes``: which other nodes failed the task or lost it;
 - ``last_error``: the error another node's attempt ended with.
 
@@ -26,6 +28,8 @@ from typing import Any
 
 from bidding.models import Announcement
 
+#: Canvas fields that are other tasks' signatures: never shown to a bidder.
+CANVAS_SIGNATURES: tuple[str, ...] = ("callbacks", "errbacks", "chain", "chord")
 #: Announcement fields a bidder is never shown, and their empty values.
 HIDDEN: dict[str, Any] = {"exclude_nodes": [], "last_error": None}
 
@@ -85,8 +89,8 @@ def bidder_view(rfp: Announcement, limit: int) -> tuple[Announcement, bool]:
     store)."""
     update: dict[str, Any] = {}
     canvas = rfp.canvas
-    if any(getattr(canvas, name) is not None for name in type(canvas).model_fields):
-        update["canvas"] = type(canvas)()
+    if any(getattr(canvas, name) is not None for name in CANVAS_SIGNATURES):
+        update["canvas"] = canvas.model_copy(update=dict.fromkeys(CANVAS_SIGNATURES))
     for name, empty in HIDDEN.items():
         if getattr(rfp, name) != empty:
             update[name] = empty

@@ -422,14 +422,24 @@ def test_a_small_task_is_shown_whole() -> None:
 
 def test_the_canvas_exclusions_and_last_error_are_hidden() -> None:
     # given a retry of a task in a chain, after another node failed it
-    rfp = make_rfp(canvas=CanvasOptions(chain=[{"task": "next", "args": ["secret"]}]),
+    rfp = make_rfp(canvas=CanvasOptions(chain=[{"task": "next", "args": ["secret"]}],
+                                        root_id="r1", parent_id="p1"),
                    exclude_nodes=["bluefin"], last_error="bluefin: disk full", attempt=2)
-    # then its bidder sees none of that, and the request is partial
+    # then its bidder sees none of that but the canvas's ids, and the request is partial
     view, full = bidder_view(rfp, 8192)
     assert not full
-    assert view.canvas == CanvasOptions()
+    assert view.canvas == CanvasOptions(root_id="r1", parent_id="p1")
     assert view.exclude_nodes == [] and view.last_error is None
     assert (view.task_id, view.attempt) == (rfp.task_id, 2)
+
+
+def test_a_task_called_from_another_tasks_body_is_shown_whole() -> None:
+    # given a task whose canvas has only ids (called from inside another task, or in a group)
+    rfp = make_rfp(canvas=CanvasOptions(root_id="r1", parent_id="p1", group_id="g1",
+                                        group_index=0))
+    # then its bid request is the whole announcement (no read of the store at the award)
+    view, full = bidder_view(rfp, 8192)
+    assert full and view is rfp
 
 
 def test_long_content_and_arguments_are_cut_to_the_limit_with_their_sizes() -> None:
