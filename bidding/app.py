@@ -22,6 +22,7 @@ from bidding.auction.watchdog import incarnation_ended
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
+from bidding.execution.result_wait import close_the_resubscribe_gap
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import (
@@ -57,6 +58,9 @@ def install(app: Celery) -> Celery:
             help="Node profile (TOML) this worker bids with; also BIDDING_PROFILE.",
         )
     )
+    # A caller waiting on a Redis result backend must not miss a result stored while its
+    # pub/sub connection comes back (execution/result_wait.py).
+    close_the_resubscribe_gap()
     if app.configured:
         _retry_result_writes(app)
     else:

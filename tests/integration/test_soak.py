@@ -18,6 +18,9 @@ from tests.conftest import require
 pytestmark = pytest.mark.integration
 
 
+# The soak waits up to its own timeout (240 s) for a lost caller, then reports the task with
+# its state in the store: pytest's default (120 s) would cut that report off.
+@pytest.mark.timeout(330)
 def test_a_short_chaos_soak_loses_nothing(tmp_path: Path) -> None:
     try:
         sa.create_engine(POSTGRES).connect().close()
