@@ -22,7 +22,6 @@ skills, the deadline passed) is answered without asking the bidder.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import time
@@ -35,6 +34,7 @@ from bidding.errors import ProfileError
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import LLM_BIDDER, NodeProfile
 from bidding.nodes.timed import Outcome, TimedCalls
+from bidding.strategies.resolver import IMPORT_ERRORS, import_path
 
 logger = logging.getLogger(__name__)
 
@@ -49,12 +49,9 @@ BIDDER_THREADS = 16
 def import_bidder(spec: str, source: str = "<profile>") -> Bidder:
     """The function at ``spec`` ("package.module:function"); a ``ProfileError`` naming the
     profile and its ``bidder`` key when it cannot be imported or is not callable."""
-    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as exc:
+        obj = import_path(spec)
+    except IMPORT_ERRORS as exc:
         raise ProfileError(f"{source}: bidder: cannot import {spec!r} "
                            f"({type(exc).__name__}: {exc})") from None
     if not callable(obj):

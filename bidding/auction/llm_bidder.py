@@ -19,7 +19,6 @@ the node's built-in estimate. Tokens and cost, when the model reports them, are 
 
 from __future__ import annotations
 
-import importlib
 import json
 import time
 from collections.abc import Callable
@@ -28,6 +27,7 @@ from typing import Any
 from bidding.errors import ProfileError
 from bidding.models import Announcement, Bid, BidResponse
 from bidding.nodes.profile import NodeProfile
+from bidding.strategies.resolver import IMPORT_ERRORS, import_path
 
 #: Seed 001's instructions, after "You are {name}, specializing in: {skills}. {description}".
 BIDDER_INSTRUCTIONS = (
@@ -76,14 +76,11 @@ def rfp_prompt(rfp: Announcement, draft: Bid, now: float | None = None) -> str:
 def resolve_model(spec: str, source: str = "<profile>") -> Any:
     """The model ``bidder_llm.model`` names: the object at a dotted path ("pkg.mod:model";
     a class or a function there is called for it), else a pydantic-ai model name as is."""
-    module_name, colon, attr = spec.partition(":")
-    if not colon:
+    if ":" not in spec:
         return spec
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError):
+        obj = import_path(spec)
+    except IMPORT_ERRORS:
         return spec  # "openai:gpt-4o": a provider and a model name
     from pydantic_ai.models import Model
 

@@ -79,13 +79,24 @@ def resolve_strategy(spec: SelectionStrategy | str | type,
     return _check(spec, repr(spec))
 
 
-def _import(path: str) -> Any:
+#: What :func:`import_path` raises for a path that does not name an importable object.
+IMPORT_ERRORS = (ImportError, AttributeError, ValueError)
+
+
+def import_path(path: str) -> Any:
+    """The object at ``path``, "package.module:attr" or "package.module.attr" (the attribute
+    may be dotted); raises one of :data:`IMPORT_ERRORS` when there is none."""
     module_name, _, attr = path.partition(":") if ":" in path else path.rpartition(".")
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _import(path: str) -> Any:
     try:
-        obj: Any = importlib.import_module(module_name)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, ValueError) as exc:
+        obj = import_path(path)
+    except IMPORT_ERRORS as exc:
         valid = ", ".join(sorted(STRATEGIES))
         raise UnknownStrategyError(
             f"strategy: cannot import {path!r} ({exc}); valid names: {valid}"
