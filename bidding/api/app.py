@@ -10,7 +10,8 @@ Every route reads the store or calls the function the command line calls: ``bidd
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from celery import Celery
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
@@ -37,6 +38,8 @@ from bidding.observe.stats import Stats, collect
 from bidding.observe.status import TaskStatus, task_status
 from bidding.observe.timeline import MAX_BUCKETS, Timeline, assignments_over_time
 from bidding.store import ensure_schema, store_label
+
+T = TypeVar("T")
 
 _401: dict[int | str, dict[str, Any]] = {
     401: {"model": Problem, "description": "A token is set and the request has not got it"}}
@@ -101,6 +104,18 @@ def _task_state(s: TaskStatus) -> TaskState:
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
         current_step=1, estimated_completion=_estimate_task(s, time.time()),
         cost_so_far=s.cost_so_far, watch=s.watch)
+
+
+def _per_step(url: str, graph_id: str, fn: Callable[[str], T]) -> dict[str, T]:
+    """``fn`` of each announced subtask of a graph, by step id (a step not announced yet has
+    nothing to show or clear)."""
+    found: dict[str, T] = {}
+    for step in graph_progress(url, graph_id).steps:
+        try:
+            found[step.step_id] = fn(step.task_id)
+        except UnknownTaskError:
+            continue
+    return found
 
 
 def _not_found(exc: UnknownTaskError) -> HTTPException:
@@ -214,15 +229,8 @@ def create_app(celery_app: Celery) -> FastAPI:
         (``bidding explain --json``); for a task graph, each started subtask's."""
         try:
             if is_graph(url, task_id):
-                p = graph_progress(url, task_id)
-                found: dict[str, Explanation] = {}
-                for step in p.steps:
-                    try:
-                        found[step.step_id] = explain(step.task_id, app=celery_app,
-                                                      database_url=url)
-                    except UnknownTaskError:
-                        continue  # not announced yet
-                return GraphBids(task_id=task_id, subtasks=found)
+                return GraphBids(task_id=task_id, subtasks=_per_step(
+                    url, task_id, lambda t: explain(t, app=celery_app, database_url=url)))
             return explain(task_id, app=celery_app, database_url=url)
         except UnknownTaskError as exc:
             raise _not_found(exc) from None
@@ -235,14 +243,8 @@ def create_app(celery_app: Celery) -> FastAPI:
         graph, each announced subtask's."""
         try:
             if is_graph(url, task_id):
-                p = graph_progress(url, task_id)
-                done: dict[str, ResetOutcome] = {}
-                for step in p.steps:
-                    try:
-                        done[step.step_id] = reset(step.task_id, database_url=url)
-                    except UnknownTaskError:
-                        continue  # not announced yet: nothing to clear
-                return GraphReset(task_id=task_id, subtasks=done)
+                return GraphReset(task_id=task_id, subtasks=_per_step(
+                    url, task_id, lambda t: reset(t, database_url=url)))
             return reset(task_id, database_url=url)
         except UnknownTaskError as exc:
             raise _not_found(exc) from None
