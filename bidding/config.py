@@ -77,6 +77,10 @@ class Settings(BaseModel):
     #: task type, while its history version on the Redis board holds; the award re-counts
     #: in-flight work anyway (0 = read the store for every bid).
     history_cache_seconds: float = Field(0.5, ge=0, le=60)
+    #: Connections each process keeps open to a server store (PostgreSQL), and may exceed by
+    #: 10 at a peak. A node's threads (sweeper, heartbeat, bid threads, monitor) need a few;
+    #: raise it in an announcing process whose threads call ``.delay()`` concurrently.
+    db_pool_size: int = Field(5, ge=1, le=1000)
     #: Seconds between a node's heartbeats.
     heartbeat_interval: float = Field(2.0, gt=0)
     #: A node whose last heartbeat is older than this many seconds is not a candidate.
@@ -222,6 +226,17 @@ _ATTR = "_bidding_settings"
 JSON_CONTENT = frozenset({"json", "application/json"})
 
 
+#: The ``db_pool_size`` of the settings this process loaded last. The store's engines are
+#: built per process and URL, not per app, so they are sized from it (``db_pool_size()``).
+_pool_size = [Settings.model_fields["db_pool_size"].default]
+
+
+def db_pool_size() -> int:
+    """Connections the store's engines built from now on keep open (``bidding_db_pool_size``
+    of the settings this process loaded last)."""
+    return int(_pool_size[0])
+
+
 def get_settings(app: Celery) -> Settings:
     """``app``'s bidding settings (``app.conf.bidding_*`` overridden by ``BIDDING_*``)."""
     found: Settings | None = getattr(app, _ATTR, None)
@@ -229,6 +244,7 @@ def get_settings(app: Celery) -> Settings:
         check_json_only(app)
         found = load_settings(dict(app.conf))
         setattr(app, _ATTR, found)
+        _pool_size[0] = found.db_pool_size
     return found
 
 

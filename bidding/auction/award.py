@@ -17,9 +17,10 @@ from enum import Enum
 from typing import Any, cast
 
 from celery import Celery
-from sqlalchemy import Table, bindparam, insert, select, update
+from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
+from bidding.auction.bid import NodeHistory
 from bidding.auction.board import answer_message, bid_values, sorted_answers
 from bidding.auction.decision import (
     NO_VALID_BIDS,
@@ -28,7 +29,7 @@ from bidding.auction.decision import (
     fallback_pool,
     refresh_loads,
 )
-from bidding.auction.history import count_in_flight, in_flight_counts
+from bidding.auction.history import in_flight_counts, lock_states
 from bidding.config import Settings
 from bidding.errors import ConfigurationError, NoBidsError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution
@@ -40,8 +41,9 @@ from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.engine import core, is_sqlite
+from bidding.store.rows import insert_rows
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Node
+from bidding.store.schema import BidRow
 from bidding.strategies.protocol import NodeCapability, SelectionStrategy, decides_at_once
 from bidding.strategies.resolver import resolve_strategy
 
@@ -49,8 +51,7 @@ logger = logging.getLogger(__name__)
 
 
 #: Bid rows are written in one Core statement (no ORM unit of work on the award's path).
-_INSERT_BIDS = insert(cast(Table, BidRow.__table__))
-_INSERT_BID_ID = _INSERT_BIDS.returning(cast(Table, BidRow.__table__).c.id)
+_BIDS = cast(Table, BidRow.__table__)
 
 #: Decisions re-made when concurrent awards reserve the same nodes; the last one commits as is.
 RESERVATION_TRIES = 3
@@ -68,12 +69,15 @@ _OPEN = (
 @dataclass(frozen=True)
 class AnswersInside:
     """Answers made inside the award's transaction (proxy bids with a scoring strategy):
-    ``make(session, counts)`` bids for ``nodes`` from the in-flight counts the award has just
-    read under its lock, so one read of the bidders' state serves both their bids and the
-    award, and nothing changes in between."""
+    ``make(session, states)`` bids for ``nodes`` from the states (``history.lock_states``:
+    in-flight work, record, recent failures) the award has just read under its lock, so one
+    read of the bidders' state serves both their bids and the award, and nothing changes in
+    between."""
 
     nodes: Sequence[str]
-    make: Callable[[Session, dict[str, int]], Sequence[Bid | Refusal]]
+    make: Callable[[Session, dict[str, NodeHistory]], Sequence[Bid | Refusal]]
+    #: When the bids are made (recent failures are counted back from it).
+    now: float
 
 
 @dataclass
@@ -248,10 +252,11 @@ def _commit_award(
             opening(session)
         sqlite = is_sqlite(settings.database_url)
         locked = sorted(set(lock if lock is not None else bidders))
-        if locked and not sqlite:
-            # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
-            session.execute(select(Node.name).where(Node.name.in_(locked))
-                            .order_by(Node.name).with_for_update())
+        # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
+        # The same statement reads what the bids and the award need of the nodes.
+        now = answers.now if isinstance(answers, AnswersInside) else time.time()
+        node_states = lock_states(session, locked, lock=not sqlite, task_type=rfp.task_type,
+                                  since=now - settings.recent_failure_seconds)
         if opening is None:
             # (A row ``opening`` has just written is open, at this attempt.)
             current = core(session).execute(
@@ -261,9 +266,9 @@ def _commit_award(
                 return _Commit.NOT_YET  # announced, and its row not committed yet
             if current.state != states.BIDDING or current.attempt != rfp.attempt:
                 return _Commit.LOST  # a duplicate closer: the auction is closed already
-        now_counts = count_in_flight(session, locked)
+        now_counts = {name: state.in_flight for name, state in node_states.items()}
         if isinstance(answers, AnswersInside):
-            answers = answers.make(session, now_counts)
+            answers = answers.make(session, node_states)
         if decided is None:
             award = make_award(answers, now_counts)
         else:
@@ -282,12 +287,9 @@ def _commit_award(
                 [a for a in answers if isinstance(a, Bid)], now_counts)}
             rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
                                   by_node, award.winner) for a in answers]
-            losers = [r for r in rows if not r["is_winner"]]
-            if losers:
-                session.execute(_INSERT_BIDS, losers)
-            for r in rows:
-                if r["is_winner"]:
-                    counted["winning_bid_id"] = session.execute(_INSERT_BID_ID, r).scalar_one()
+            for inserted in insert_rows(session, _BIDS, rows, returning=("id", "is_winner")):
+                if inserted.is_winner:
+                    counted["winning_bid_id"] = inserted.id
         winner_score = by_node[award.winner].total if award.winner in by_node else None
         if award.winner is not None:
             kind = journal.AWARDED

@@ -8,8 +8,9 @@ cached while the node's history version on the bid board holds.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import cast
 
 from sqlalchemy import Select, bindparam, func, select, union_all
@@ -39,6 +40,45 @@ def count_in_flight(session: Session, nodes: Sequence[str]) -> dict[str, int]:
         return {}
     rows = core(session).execute(_IN_FLIGHT, {"nodes": list(nodes)}).all()
     return {str(node): int(n) for node, n in rows}
+
+
+#: A node's in-flight work, for ``_STATES_OF``: the same count as ``_IN_FLIGHT``'s.
+_IN_FLIGHT_OF_ROW = (
+    select(func.count())
+    .where(AnnouncementRow.assigned_node == Node.name,
+           AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)))
+    .scalar_subquery()
+)
+#: A node's recent failures of a task type, for ``_STATES_OF``.
+_FAILURES_OF_ROW = (
+    select(func.count())
+    .where(Episode.node == Node.name, Episode.task_type == bindparam("task_type"),
+           Episode.success.is_(False), Episode.finished_at >= bindparam("since"))
+    .scalar_subquery()
+)
+#: Nodes' records, in-flight work and recent failures in one statement (one round trip: on
+#: PostgreSQL a statement costs about 0.2 ms of the caller's CPU, whatever it reads).
+_STATES_OF = (
+    select(Node.name, Node.attempts, Node.successes, _IN_FLIGHT_OF_ROW, _FAILURES_OF_ROW)
+    .where(Node.name.in_(bindparam("nodes", expanding=True)))
+    .order_by(Node.name)
+)
+_STATES_OF_LOCKED = _STATES_OF.with_for_update(of=Node)
+
+
+def lock_states(session: Session, nodes: Sequence[str], *, lock: bool, task_type: str,
+                since: float) -> dict[str, NodeHistory]:
+    """The nodes' histories but their latest outcomes (``read_histories`` adds those), read
+    with one statement; ``lock``: their rows stay locked until the transaction ends (an
+    award's reservation; in name order, so that two awards never wait on each other).
+    A node without a row (never registered) is missing."""
+    if not nodes:
+        return {}
+    rows = core(session).execute(_STATES_OF_LOCKED if lock else _STATES_OF, {
+        "nodes": sorted(set(nodes)), "task_type": task_type, "since": since}).all()
+    return {str(row[0]): NodeHistory(in_flight=int(row[3]), recent_failures=int(row[4]),
+                                     attempts=int(row[1]), successes=int(row[2]))
+            for row in rows}
 
 
 def in_flight_counts(settings: Settings, nodes: Sequence[str]) -> dict[str, int]:
@@ -105,10 +145,11 @@ def gather_histories(
 
 def read_histories(
     session: Session, settings: Settings, nodes: Sequence[str], task_type: str,
-    now: float | None = None, in_flight: dict[str, int] | None = None,
+    now: float | None = None, known: Mapping[str, NodeHistory] | None = None,
 ) -> dict[str, NodeHistory]:
-    """``gather_histories`` in the caller's transaction. ``in_flight``: the nodes' counts, read
-    already (the award's, under its lock), which saves counting them again."""
+    """``gather_histories`` in the caller's transaction. ``known``: the nodes' states read
+    already (``lock_states``, the award's, under its lock): only their latest outcomes are
+    read then, one statement instead of four."""
     now = time.time() if now is None else now
     if not nodes:
         return {}
@@ -118,16 +159,21 @@ def read_histories(
     latest = conn.execute(_latest_of_nodes(len(names)),
                           {**params, "task_type": task_type,
                            "limit": settings.experience_window}).all()
+    outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
+    for row in latest:
+        outcomes[row.node].append((row.finished_at, bool(row.success)))
+    if known is not None:
+        return {name: dataclasses.replace(
+                    known.get(name, NodeHistory()),
+                    outcomes=tuple(ok for _, ok in sorted(outcomes[name], key=lambda p: p[0],
+                                                          reverse=True)))
+                for name in names}
     failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
         "nodes": names, "task_type": task_type,
         "since": now - settings.recent_failure_seconds})}
     totals = {row.name: (row.attempts, row.successes)
               for row in conn.execute(_TOTALS_OF, {"nodes": names})}
-    if in_flight is None:
-        in_flight = count_in_flight(session, names)
-    outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
-    for row in latest:
-        outcomes[row.node].append((row.finished_at, bool(row.success)))
+    in_flight = count_in_flight(session, names)
     out = {}
     for name in names:
         newest_first = sorted(outcomes[name], key=lambda pair: pair[0], reverse=True)

@@ -84,17 +84,18 @@ def answers_of(rfp: Announcement, profiles: Sequence[NodeProfile],
 def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
                    now: float | None = None) -> AnswersInside:
     """The nodes' answers to ``rfp``, made in the award's transaction: their histories are
-    read there, with the in-flight counts the award has just read under its lock."""
+    read there, completing the states (in-flight work, record, failures) the award has just
+    read under its lock."""
     now = time.time() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
 
-    def make(session: Session, counts: dict[str, int]) -> list[Bid | Refusal]:
+    def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
         histories = read_histories(session, settings, bidding, rfp.task_type, now,
-                                   in_flight=counts)
+                                   known=known)
         return answers_of(rfp, profiles, histories, now)
 
-    return AnswersInside(bidding, make)
+    return AnswersInside(bidding, make, now)
 
 
 def post_proxy_answers(settings: Settings, app: Celery, rfp: Announcement,

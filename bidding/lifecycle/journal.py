@@ -1,4 +1,12 @@
-"""The message log: every protocol event of every task, in order (seed 002's agent_messages)."""
+"""The message log: every protocol event of every task, in order (seed 002's agent_messages).
+
+Messages are written with the transaction that makes them true, so the log never says what
+the store does not. They are kept on the session (``write``, ``record``) and inserted
+together, in order, in one statement just before it commits (``flush``, on SQLAlchemy's
+``before_commit``): an award's announcement, answers and award were three or more inserts,
+one per answer on PostgreSQL's executemany. Nothing reads the log inside a writing
+transaction; readers see a transaction's messages when it commits, as before.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +14,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
-from sqlalchemy import Table, insert
-from sqlalchemy.orm import Session
+from sqlalchemy import Table, event
+from sqlalchemy.orm import Session, SessionTransaction
 
+from bidding.store.rows import insert_rows
 from bidding.store.schema import Message
 
 ANNOUNCED: Final = "ANNOUNCED"
@@ -57,7 +66,8 @@ KINDS: Final = frozenset({
 
 #: The message log's table: messages are written with Core INSERTs (no ORM unit of work).
 MESSAGES: Final = cast(Table, Message.__table__)
-_INSERT: Final = insert(MESSAGES)
+#: Where a session keeps the messages its transaction has made, until it commits.
+_PENDING: Final = "bidding_pending_messages"
 
 
 def message(
@@ -75,10 +85,31 @@ def message(
 
 
 def write(session: Session, rows: Sequence[dict[str, Any]]) -> None:
-    """Add messages (made by ``message``) to the log in the caller's transaction, in order,
-    with one statement."""
+    """Add messages (made by ``message``) to the log in the caller's transaction, in order:
+    inserted with the transaction's others when it commits (``flush``)."""
     if rows:
-        session.execute(_INSERT, list(rows) if len(rows) > 1 else rows[0])
+        session.info.setdefault(_PENDING, []).extend(rows)
+
+
+def flush(session: Session) -> None:
+    """Insert the messages the session's transaction has made so far, in one statement (it
+    runs on its own just before the session commits)."""
+    rows = session.info.pop(_PENDING, None)
+    if rows:
+        insert_rows(session, MESSAGES, rows)
+
+
+@event.listens_for(Session, "before_commit")
+def _before_commit(session: Session) -> None:
+    flush(session)
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _after_transaction_end(session: Session, transaction: SessionTransaction) -> None:
+    # A transaction that ended without committing (rolled back, closed) takes its messages
+    # with it; a savepoint's end is not the transaction's.
+    if transaction.parent is None:
+        session.info.pop(_PENDING, None)
 
 
 def record(
@@ -91,10 +122,7 @@ def record(
     at: float | None = None,
     **detail: Any,
 ) -> None:
-    """Add one message to the log in the caller's transaction.
-
-    The INSERT is sent at once (a Core statement, not ``session.add``): it costs a fraction of
-    an ORM flush, and it does not flush the caller's pending objects (messages have no foreign
-    key, so their order relative to other tables' rows does not matter).
-    """
-    session.execute(_INSERT, message(task_id, kind, node=node, attempt=attempt, at=at, **detail))
+    """Add one message to the log in the caller's transaction (``write``): a Core INSERT
+    when it commits, not ``session.add`` (messages have no foreign key, so their order
+    relative to other tables' rows does not matter)."""
+    write(session, [message(task_id, kind, node=node, attempt=attempt, at=at, **detail)])

@@ -3,8 +3,8 @@
 A PostgreSQL server restarting (or failing over) refuses connections for a few seconds and
 ends every open one. The writes an attempt cannot do without (its start, its result, its
 failure) wait for it with backoff rather than fail a task whose body may already have run;
-the engine's ``pool_pre_ping`` replaces the dead connections. SQLite has no server to
-restart: its errors (a lock held too long) are raised at once, as before.
+the engine replaces the dead connections (``engine._check_on_checkout``). SQLite has no
+server to restart: its errors (a lock held too long) are raised at once, as before.
 """
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from bidding.auction import award as award_module
 from bidding.auction.award import award_answers
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.auction.history import (
-    count_in_flight,
     forget_history,
     gather_histories,
     gather_history,
+    lock_states,
 )
 from bidding.auction.proxy import answers_inside, profile_of, proxy_answers
 from bidding.lifecycle import states as lifecycle
@@ -139,10 +139,12 @@ def test_answers_made_inside_the_award_are_the_bids_the_nodes_would_make(store_u
     nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90),
              live("greenfin", ("gpu",))]
     rfp = make_rfp(task_type="extraction", required_skills=["pdf"])
-    # when the answers are made in a transaction, from the in-flight counts read there
+    # when the answers are made in a transaction, from the nodes' states read there
     inside = answers_inside(settings, rfp, nodes, now=NOW)
     with read_session(store_url) as session:
-        made = inside.make(session, count_in_flight(session, list(inside.nodes)))
+        made = inside.make(session, lock_states(
+            session, list(inside.nodes), lock=False, task_type=rfp.task_type,
+            since=NOW - settings.recent_failure_seconds))
     # then only the nodes that can bid are locked and counted
     assert list(inside.nodes) == ["redfin", "bluefin"]
     # and every answer is the one the announcer makes outside a transaction

@@ -1,0 +1,63 @@
+"""Several rows in one INSERT: one statement and one round trip, however many rows.
+
+A list of parameter sets given to ``Session.execute`` is an executemany: psycopg sends it as a
+pipeline of one INSERT per row. An award writes a message per answer and a row per bid, so
+its inserts were most of its statements (bench/latency.py's phase table). On PostgreSQL the
+rows travel as one JSON array, unpacked by the server (``jsonb_populate_record``): the
+statement's text never changes, so psycopg and the server parse and plan it once (a
+multi-row ``VALUES`` list is new text for every row count, and psycopg spent more time
+parsing its placeholders than the server inserting). SQLite runs in the process: its
+executemany (or, to return ids, SQLAlchemy's multi-row ``VALUES``) costs no round trip.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import Insert, Row, Table, insert
+from sqlalchemy.orm import Session
+
+from bidding.store.engine import core
+
+
+def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
+                returning: Sequence[str] = ()) -> list[Row[Any]]:
+    """INSERT ``rows`` (dicts with the same keys, JSON values) into ``table`` in the session's
+    transaction, in one statement and in their order (an autoincrement key counts up in it);
+    the ``returning`` columns of the new rows (match them up by a key column)."""
+    if not rows:
+        return []
+    conn = core(session)
+    if conn.dialect.name == "postgresql":
+        sql = _from_json(table, tuple(rows[0]), tuple(returning))
+        result = conn.exec_driver_sql(sql, {"rows": json.dumps(list(rows))})
+    elif returning:
+        result = conn.execute(_returning(table, tuple(returning)), list(rows))
+    else:
+        conn.execute(insert(table), list(rows))
+        return []
+    return list(result.all()) if returning else []
+
+
+@lru_cache(maxsize=64)
+def _from_json(table: Table, columns: tuple[str, ...], returning: tuple[str, ...]) -> str:
+    """PostgreSQL's INSERT of ``columns`` from a JSON array of objects, in the array's order
+    (each object read as a row of the table, so its values take the columns' types)."""
+    names = ", ".join(columns)
+    fields = ", ".join(f"(r).{name}" for name in columns)
+    sql = (f"INSERT INTO {table.name} ({names}) SELECT {fields} FROM ("
+           f"SELECT jsonb_populate_record(NULL::{table.name}, e.doc) AS r, e.n "
+           f"FROM jsonb_array_elements(%(rows)s::jsonb) WITH ORDINALITY AS e(doc, n)"
+           f") AS given ORDER BY n")
+    if returning:
+        sql += " RETURNING " + ", ".join(returning)
+    return sql
+
+
+@lru_cache(maxsize=64)
+def _returning(table: Table, returning: tuple[str, ...]) -> Insert:
+    # With RETURNING, SQLAlchemy sends the rows as one multi-row VALUES ("insertmanyvalues").
+    return insert(table).returning(*(table.c[name] for name in returning))
