@@ -63,19 +63,30 @@ _STATES_OF = (
     .where(Node.name.in_(bindparam("nodes", expanding=True)))
     .order_by(Node.name)
 )
-_STATES_OF_LOCKED = _STATES_OF.with_for_update(of=Node)
+_LOCK = (select(Node.name).where(Node.name.in_(bindparam("nodes", expanding=True)))
+         .order_by(Node.name).with_for_update())
 
 
 def lock_states(session: Session, nodes: Sequence[str], *, lock: bool, task_type: str,
                 since: float) -> dict[str, NodeHistory]:
     """The nodes' histories but their latest outcomes (``read_histories`` adds those), read
-    with one statement; ``lock``: their rows stay locked until the transaction ends (an
-    award's reservation; in name order, so that two awards never wait on each other).
-    A node without a row (never registered) is missing."""
+    with one statement; ``lock``: their rows are locked first, until the transaction ends
+    (an award's reservation; in name order, so that two awards never wait on each other).
+    A node without a row (never registered) is missing.
+
+    The lock is a statement of its own: PostgreSQL computes a ``SELECT ... FOR UPDATE``'s
+    columns on the snapshot its statement began with, before it waited for the lock, so an
+    award that held the lock and committed would be missing from the counts (and two
+    concurrent awards would not spread). The read after it sees that award.
+    """
     if not nodes:
         return {}
-    rows = core(session).execute(_STATES_OF_LOCKED if lock else _STATES_OF, {
-        "nodes": sorted(set(nodes)), "task_type": task_type, "since": since}).all()
+    names = sorted(set(nodes))
+    conn = core(session)
+    if lock:
+        conn.execute(_LOCK, {"nodes": names})
+    rows = conn.execute(_STATES_OF, {
+        "nodes": names, "task_type": task_type, "since": since}).all()
     return {str(row[0]): NodeHistory(in_flight=int(row[3]), recent_failures=int(row[4]),
                                      attempts=int(row[1]), successes=int(row[2]))
             for row in rows}

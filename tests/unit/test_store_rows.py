@@ -1,0 +1,156 @@
+"""The store's batched writes: rows in one INSERT, the message log written at commit, and
+pooled PostgreSQL connections that a server ended are replaced before use."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from sqlalchemy import event, select, text
+
+from bidding.auction.announce import row_values
+from bidding.config import Settings
+from bidding.lifecycle import journal, states
+from bidding.models import Announcement
+from bidding.store import read_session, write_session
+from bidding.store.engine import get_engine
+from bidding.store.rows import insert_rows
+from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import BidRow, Message
+from tests.unit.conftest import postgres_database
+
+
+def _statements(url: str) -> list[str]:
+    """The statements the store's engine runs from now on (a list that fills up)."""
+    seen: list[str] = []
+
+    @event.listens_for(get_engine(url), "before_cursor_execute")
+    def _seen(_c: Any, _cur: Any, statement: str, *_: Any) -> None:
+        seen.append(statement.split()[0].upper())
+
+    return seen
+
+
+def test_a_transactions_messages_are_written_in_order_with_one_statement_at_commit(
+        settings: Settings) -> None:
+    url = settings.database_url
+    seen = _statements(url)
+    # given a transaction that logs three messages, one with nested JSON detail
+    with write_session(url) as session:
+        journal.record(session, "t1", journal.ANNOUNCED, at=1.0, candidates=["a", "b"])
+        journal.write(session, [journal.message("t1", journal.BID, node="a", at=2.0),
+                                journal.message("t1", journal.BID, node="b", at=3.0,
+                                                payload={"x": [1, None, "é"]})])
+        # then nothing is sent before the commit
+        assert seen == []
+    # and the commit sends them in one INSERT
+    assert seen.count("INSERT") == 1
+    # and the log has them in the order they were made, with their details
+    with read_session(url) as session:
+        rows = session.execute(select(Message.kind, Message.node, Message.detail)
+                               .order_by(Message.id)).all()
+    assert [(r.kind, r.node) for r in rows] == [
+        ("ANNOUNCED", None), ("BID", "a"), ("BID", "b")]
+    assert rows[0].detail == {"candidates": ["a", "b"]}
+    assert rows[2].detail == {"payload": {"x": [1, None, "é"]}}
+
+
+def test_a_transaction_that_rolls_back_logs_nothing(settings: Settings) -> None:
+    url = settings.database_url
+    # given a transaction that logs a message and then fails
+    with pytest.raises(RuntimeError), write_session(url) as session:
+        journal.record(session, "t1", journal.ANNOUNCED, at=1.0)
+        raise RuntimeError("boom")
+    # when the next transaction commits a message of its own
+    with write_session(url) as session:
+        journal.record(session, "t2", journal.ANNOUNCED, at=2.0)
+    # then only that one is in the log
+    with read_session(url) as session:
+        assert session.scalars(select(Message.task_id)).all() == ["t2"]
+
+
+def test_rows_go_in_with_their_ids_returned(settings: Settings) -> None:
+    url = settings.database_url
+    # given an announcement
+    rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+    with write_session(url) as session:
+        session.add(AnnouncementRow(**row_values(rfp, states.BIDDING, [])))
+    rows = [{"task_id": "t1", "attempt": 1, "node": f"n{i}", "will_bid": i != 1,
+             "reason": "", "payload": {"i": i}, "breakdown": {}, "score": i / 10,
+             "is_winner": i == 2, "late": False, "bid_at": float(i)} for i in range(250)]
+    # when 250 rows are inserted, returning their ids
+    with write_session(url) as session:
+        got = insert_rows(session, BidRow.__table__, rows, returning=("id", "node"))
+    # then each row is stored as given, and the ids returned are theirs
+    assert len(got) == 250
+    with read_session(url) as session:
+        stored = {b.id: b for b in session.scalars(select(BidRow))}
+    assert {stored[r.id].node for r in got} == {f"n{i}" for i in range(250)}
+    assert all(stored[r.id].node == r.node for r in got)
+    by_node = {b.node: b for b in stored.values()}
+    assert by_node["n2"].is_winner and not by_node["n1"].will_bid
+    assert by_node["n7"].payload == {"i": 7} and by_node["n7"].score == pytest.approx(0.7)
+
+
+def test_a_pooled_connection_the_server_ended_is_replaced_before_use() -> None:
+    with postgres_database() as url:
+        # given a pooled connection whose server session is then terminated (a restart, an
+        # administrator's pg_terminate_backend)
+        with read_session(url) as session:
+            pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        with get_engine(url).connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+            other.commit()
+        # when the next session is opened, then it works (no error reaches the caller)
+        with write_session(url) as session:
+            now = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        # on another server session
+        assert now != pid
+
+
+def test_the_pool_size_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery import Celery
+
+    from bidding.config import get_settings
+
+    with postgres_database() as url:
+        app = Celery("pool", set_as_current=False)
+        app.conf.update(bidding_database_url=url, bidding_db_pool_size=12)
+        monkeypatch.setattr("bidding.config._pool_size", [5])
+        get_settings(app)
+        from bidding.store.engine import dispose_all
+        dispose_all()
+        assert get_engine(url).pool.size() == 12  # type: ignore[attr-defined]
+
+
+def test_an_award_waiting_for_a_nodes_lock_counts_the_work_awarded_meanwhile() -> None:
+    import threading
+
+    from bidding.auction.history import lock_states
+    from bidding.nodes.heartbeat import heartbeat
+    from bidding.nodes.profile import NodeProfile
+
+    with postgres_database() as url:
+        settings = Settings(database_url=url, auto_migrate=False)
+        heartbeat(settings, NodeProfile(name="redfin", capabilities=["pdf"]))
+        rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+        counted: list[int] = []
+        # given an award that holds redfin's lock and assigns it a task
+        with write_session(url) as first:
+            lock_states(first, ["redfin"], lock=True, task_type="t", since=0.0)
+            first.add(AnnouncementRow(**{**row_values(rfp, states.ASSIGNED, ["redfin"]),
+                                         "assigned_node": "redfin"}))
+
+            # when a second award reads redfin's state meanwhile (it waits for the lock)
+            def second() -> None:
+                with write_session(url) as session:
+                    counted.append(lock_states(session, ["redfin"], lock=True, task_type="t",
+                                               since=0.0)["redfin"].in_flight)
+
+            waiter = threading.Thread(target=second)
+            waiter.start()
+            waiter.join(0.5)
+            assert waiter.is_alive()  # held back by the lock
+        # then, once the first commits, the second counts the task it assigned
+        waiter.join(10)
+        assert counted == [1]
