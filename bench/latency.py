@@ -79,6 +79,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "measured against the same nodes and plain baseline; mixed: auto "
                              "with one node among the candidates that has a bidder of its own "
                              "(default auto,mixed)")
+    parser.add_argument("--announcers", default="1",
+                        help="announcing processes to split a burst over, at the last of "
+                             "--burst-nodes, in the first bid mode (e.g. 1,2,4; default 1: "
+                             "only the in-process burst)")
+    parser.add_argument("--registered", type=int, default=0,
+                        help="after the last node count, register nodes that heartbeat but "
+                             "run nothing (another skill) up to this many in all, and measure "
+                             "the auctions again (e.g. 1000)")
     parser.add_argument("--store", default=None,
                         help="a PostgreSQL server URL for the redis backend's store (a fresh "
                              "database is created and dropped); default: a SQLite file")

@@ -9,6 +9,7 @@ import traceback
 from typing import Any
 
 from bench.common.log import log
+from bench.speed.announcers import RegisteredNodes, measure_announcers
 from bench.speed.backend import Backend
 from bench.speed.measure import (
     idle_cost,
@@ -39,6 +40,31 @@ def run_backend(args: argparse.Namespace, res: dict[str, Any]) -> None:
             if step.get("skipped"):
                 break
         res["idle"] = idle_cost(backend)
+        if args.registered:
+            res["registered"] = measure_registered(backend, args.registered)
+
+
+def measure_registered(backend: Backend, total: int) -> dict[str, Any]:
+    """The first bid mode's sequential auctions again, with node rows registered (and
+    heartbeating, with another skill) up to ``total`` nodes in all."""
+    from bidding.nodes.registry import invalidate_cache
+
+    running = len(backend.bench_nodes())
+    extra = RegisteredNodes(backend.settings, max(0, total - running))
+    log(f"registering {len(extra.names)} more nodes ({total} in all, {running} running)")
+    extra.start()
+    try:
+        invalidate_cache()
+        backend.set_bid_mode(bid_modes(backend.args.bid_modes)[0])
+        plain = measure_plain(backend, burst=False)
+        auction = measure_auctions(backend)
+    finally:
+        extra.stop()
+    log(f"{total} registered: auction e2e p50 {auction['e2e']['p50']:.1f} ms; plain p50 "
+        f"{plain['rtt']['p50']:.2f} ms")
+    return {"total": total, "running": running, "plain": plain, "auction": auction,
+            "mode": MODE_LABELS.get(bid_modes(backend.args.bid_modes)[0],
+                                    bid_modes(backend.args.bid_modes)[0])}
 
 
 def run_step(backend: Backend, n: int) -> dict[str, Any]:
@@ -56,7 +82,8 @@ def run_step(backend: Backend, n: int) -> dict[str, Any]:
     step["modes"] = {}
     for mode in bid_modes(args.bid_modes):
         backend.set_bid_mode(mode)
-        step["modes"][mode] = m = {"auction": measure_auctions(backend)}
+        m: dict[str, Any] = {"auction": measure_auctions(backend)}
+        step["modes"][mode] = m
         a = m["auction"]
         log(f"{n} nodes, {mode}: auction e2e p50 {a['e2e']['p50']:.1f} ms, p99 "
             f"{a['e2e']['p99']:.1f} ms; assignment p50 {a['assign']['p50']:.1f} ms; "
@@ -67,6 +94,10 @@ def run_step(backend: Backend, n: int) -> dict[str, Any]:
             log(f"{n} nodes, {mode}: {b['per_s']:.1f} auctions/s (submitted at "
                 f"{b['submit_per_s']:.0f}/s); {b['failures']} failed; closed by "
                 f"{b['closed_by']}")
+            counts = int_list(args.announcers)
+            if (counts != [1] and mode == bid_modes(args.bid_modes)[0]
+                    and n == max(int_list(args.burst_nodes))):
+                m["announcers"] = measure_announcers(counts, args.burst)
     if n in int_list(args.profile_nodes):
         step["profile_mode"] = MODE_LABELS.get(mode, mode)
         log(f"{n} nodes: profiling {args.profile_samples} auctions ({step['profile_mode']})")

@@ -19,6 +19,7 @@ from bench.speed.report.cpu import cpu_section
 from bench.speed.report.header import header_section
 from bench.speed.report.latency import latency_section
 from bench.speed.report.profiles import profiles_section
+from bench.speed.report.scale import scale_section
 from bench.speed.report.startup import startup_section
 from bench.speed.report.targets import targets_section
 from bench.speed.report.throughput import throughput_section
@@ -28,7 +29,8 @@ from bench.speed.report.timeline import timeline_section
 def render(results: dict[str, Any]) -> str:
     """The markdown report."""
     lines: list[str] = []
-    for section in (header_section, latency_section, throughput_section, targets_section,
-                    timeline_section, cpu_section, startup_section, profiles_section):
+    for section in (header_section, latency_section, throughput_section, scale_section,
+                    targets_section, timeline_section, cpu_section, startup_section,
+                    profiles_section):
         lines += section(results)
     return "\n".join(lines)
