@@ -29,6 +29,7 @@ def child_command(args: argparse.Namespace, script: Path, backend: str, json_pat
            "--sweep-interval", str(args.sweep_interval),
            "--heartbeat-interval", str(args.heartbeat_interval),
            "--bid-modes", args.bid_modes, "--redis-url", args.redis_url,
+           "--announcers", args.announcers, "--registered", str(args.registered),
            "--source", str(source)]
     if args.candidate_cap is not None:
         cmd += ["--candidate-cap", str(args.candidate_cap)]
