@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError
 from bidding.execution import ledger
-from bidding.execution.episodes import record_episode
+from bidding.execution.episodes import record_attempt
 from bidding.execution.report import exception_json, value_json
 from bidding.execution.retry import RetryPlan, error_text, plan_retry, retry_exclusions
 from bidding.lifecycle import journal, states
@@ -117,23 +117,34 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
 
 
-def _charge(session: Session, run: Running, now: float) -> float:
-    """Write this attempt's ledger entry (once); returns its cost."""
+def _charge_and_record(session: Session, run: Running, *, success: bool, now: float,
+                       error: str | None) -> float:
+    """Write this attempt's ledger entry and its outcome (each once: a redelivered attempt
+    keeps the first); returns its cost."""
     assert run.rfp is not None
     units = run.rfp.units if run.units is None else run.units
-    return ledger.charge(session, task_id=run.task_id, attempt=run.attempt, node=run.node,
-                         units=units, price_per_unit=run.price_per_unit, at=now)
+    charge = ledger.entry(task_id=run.task_id, attempt=run.attempt, node=run.node,
+                          units=units, price_per_unit=run.price_per_unit, at=now)
+    record_attempt(session, charge, _outcome(run, success=success, now=now,
+                                             cost=charge["total"], error=error))
+    return float(charge["total"])
+
+
+def _outcome(run: Running, *, success: bool, now: float, cost: float,
+             error: str | None) -> dict[str, Any]:
+    """The attempt's episode row."""
+    assert run.rfp is not None
+    return {"task_id": run.task_id, "attempt": run.attempt, "node": run.node,
+            "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
+            "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
+            "error": error, "finished_at": now}
 
 
 def _episode(session: Session, run: Running, *, success: bool, now: float,
              cost: float, error: str | None) -> None:
     """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
-    assert run.rfp is not None
-    record_episode(session, {
-        "task_id": run.task_id, "attempt": run.attempt, "node": run.node,
-        "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
-        "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
-        "error": error, "finished_at": now})
+    record_attempt(session, None, _outcome(run, success=success, now=now, cost=cost,
+                                           error=error))
 
 
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:
@@ -154,8 +165,8 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
                    "celery-bidding sends JSON only")
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost = _charge(session, run, now)
-        _episode(session, run, success=invalid is None, now=now, cost=cost, error=invalid)
+        cost = _charge_and_record(session, run, success=invalid is None, now=now,
+                                  error=invalid)
         # The ledger's sum matters only against a budget (the entry itself is always written).
         spent = ledger.spent(session, run.task_id) if budget is not None else 0.0
         done = Step(states.COMPLETED, journal.TASK_COMPLETED, detail={"cost": cost},
@@ -216,8 +227,7 @@ def fail(settings: Settings, run: Running, exc: BaseException,
     error = error_text(exc)
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost = _charge(session, run, now)
-        _episode(session, run, success=False, now=now, cost=cost, error=error)
+        _charge_and_record(session, run, success=False, now=now, error=error)
         plan = plan_retry(rfp, run.node, exc, now, rng,
                           timed_out=isinstance(exc, SoftTimeLimitExceeded))
         # The sum of the ledger matters against a budget and for the next attempt's spec.

@@ -5,16 +5,20 @@ trust.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any, Final, cast
 
-from sqlalchemy import Integer, Table, bindparam, update
+from sqlalchemy import Integer, Table, Update, bindparam, case, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.orm import Session
+from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from bidding.store.once import insert_once
-from bidding.store.schema import Episode, Node
+from bidding.store.schema import Episode, LedgerEntry, Node
 
 _NODES: Final = cast(Table, Node.__table__)
 _EPISODES: Final = cast(Table, Episode.__table__)
+_LEDGER: Final = cast(Table, LedgerEntry.__table__)
 # Core, not ORM: an ORM UPDATE first works out which loaded objects to refresh.
 _RECORD = (update(_NODES).where(_NODES.c.name == bindparam("node"))
            .values(attempts=_NODES.c.attempts + 1,
@@ -31,3 +35,53 @@ def record_episode(session: Session, values: dict[str, Any]) -> None:
     first) and count a new one in its node's record."""
     if insert_once(session, _EPISODES, values, report=True):
         count_episode(session, values["node"], bool(values["success"]))
+
+
+def record_attempt(session: Session, charge: dict[str, Any] | None,
+                   episode: dict[str, Any]) -> None:
+    """An attempt's ledger entry (``charge``, if any) and episode, each stored once, and the
+    episode counted in its node's record if it is new: what ``ledger.charge`` and
+    ``record_episode`` do, in one statement on PostgreSQL (three round trips were most of an
+    attempt's completion there; bench/latency.py's phase table)."""
+    if session.get_bind().dialect.name != "postgresql":
+        if charge is not None:
+            insert_once(session, _LEDGER, charge)
+        record_episode(session, episode)
+        return
+    # Every column is given: SQLAlchemy fills Python-side defaults in a top-level INSERT only.
+    episode = {**_DEFAULTS[_EPISODES.name], **episode}
+    params = {f"e_{k}": v for k, v in episode.items()}
+    if charge is not None:
+        charge = {**_DEFAULTS[_LEDGER.name], **charge}
+        params.update({f"l_{k}": v for k, v in charge.items()})
+    session.execute(_record_attempt(tuple(episode), tuple(charge or ())), params)
+
+
+def _scalar_defaults(table: Table) -> dict[str, Any]:
+    return {c.name: c.default.arg for c in table.columns
+            if isinstance(c.default, ScalarElementColumnDefault)}
+
+
+_DEFAULTS: Final = {t.name: _scalar_defaults(t) for t in (_EPISODES, _LEDGER)}
+
+
+@cache
+def _record_attempt(episode: tuple[str, ...], charge: tuple[str, ...]) -> Update:
+    """``WITH charged AS (INSERT ledger ... ON CONFLICT DO NOTHING), recorded AS (INSERT
+    episode ... ON CONFLICT DO NOTHING RETURNING node, success) UPDATE nodes ...``: the
+    record counts the episode only if ``recorded`` has it (it was not stored before)."""
+    recorded = (postgresql_insert(_EPISODES)
+                .values({c: bindparam(f"e_{c}", type_=_EPISODES.c[c].type) for c in episode})
+                .on_conflict_do_nothing()
+                .returning(_EPISODES.c.node, _EPISODES.c.success)
+                .cte("recorded"))
+    won = select(case((recorded.c.success, 1), else_=0)).scalar_subquery()
+    stmt = (update(_NODES).where(_NODES.c.name == select(recorded.c.node).scalar_subquery())
+            .values(attempts=_NODES.c.attempts + 1, successes=_NODES.c.successes + won))
+    if charge:
+        charged = (postgresql_insert(_LEDGER)
+                   .values({c: bindparam(f"l_{c}", type_=_LEDGER.c[c].type) for c in charge})
+                   .on_conflict_do_nothing()
+                   .cte("charged"))
+        stmt = stmt.add_cte(charged)
+    return stmt

@@ -4,7 +4,7 @@ task's spending against its budget.
 
 from __future__ import annotations
 
-from typing import Final, cast
+from typing import Any, Final, cast
 
 from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
@@ -17,15 +17,23 @@ _SPENT: Final = select(func.coalesce(func.sum(_LEDGER.c.total), 0.0)).where(
     _LEDGER.c.task_id == bindparam("task_id"))
 
 
+def entry(*, task_id: str, attempt: int, node: str, units: float, price_per_unit: float,
+          at: float) -> dict[str, Any]:
+    """An attempt's ledger row: its cost is the node's price times the units consumed (AITP
+    7.1). Written once (``episodes.record_attempt``: a redelivered attempt is not charged
+    twice)."""
+    return {"task_id": task_id, "attempt": attempt, "node": node, "units": units,
+            "price_per_unit": price_per_unit, "total": price_per_unit * units, "at": at}
+
+
 def charge(session: Session, *, task_id: str, attempt: int, node: str, units: float,
            price_per_unit: float, at: float) -> float:
     """Write an attempt's ledger entry, once (a redelivered attempt is not charged twice);
     returns its cost, the node's price times the units consumed (AITP 7.1)."""
-    total = price_per_unit * units
-    insert_once(session, _LEDGER, {
-        "task_id": task_id, "attempt": attempt, "node": node, "units": units,
-        "price_per_unit": price_per_unit, "total": total, "at": at})
-    return total
+    row = entry(task_id=task_id, attempt=attempt, node=node, units=units,
+                price_per_unit=price_per_unit, at=at)
+    insert_once(session, _LEDGER, row)
+    return float(row["total"])
 
 
 def spent(session: Session, task_id: str) -> float:

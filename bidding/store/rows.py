@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from bidding.store.engine import core
 
-_POSTGRESQL = postgresql.dialect()
+_POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
 def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
