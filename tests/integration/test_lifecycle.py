@@ -382,8 +382,9 @@ def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     blockers = [steps.apply_async((5, 1.0), bidding={
         "task_type": busy, "preferred_node": node, "strategy": "preferred_only"})
         for node in NODES for _ in range(2)]
+    # (30 s: on a slow machine an earlier test's tasks may still hold a slot for a while)
     assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
-                    15)
+                    30)
     # when a task with a deadline 2 s away is announced: it is awarded, and waits in a queue
     key = f"late-{time.time()}"
     result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0,
