@@ -376,10 +376,11 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
 def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     nodes: Cluster,
 ) -> None:
-    # given every execution slot busy for 5 s (three nodes, two slots each: two blockers sent
-    # to each node, whatever the nodes' records from earlier tests would make them bid)
+    # given every execution slot busy for 10 s (three nodes, two slots each: two blockers sent
+    # to each node, whatever the nodes' records from earlier tests would make them bid; 10 s
+    # so that on a slow machine the first still runs when the last starts)
     busy = fresh_type()
-    blockers = [steps.apply_async((5, 1.0), bidding={
+    blockers = [steps.apply_async((10, 1.0), bidding={
         "task_type": busy, "preferred_node": node, "strategy": "preferred_only"})
         for node in NODES for _ in range(2)]
     # (30 s: on a slow machine an earlier test's tasks may still hold a slot for a while)
