@@ -40,8 +40,8 @@ def record_episode(session: Session, values: dict[str, Any]) -> None:
 def record_attempt(session: Session, charge: dict[str, Any] | None,
                    episode: dict[str, Any]) -> None:
     """An attempt's ledger entry (``charge``, if any) and episode, each stored once, and the
-    episode counted in its node's record if it is new: what ``ledger.charge`` and
-    ``record_episode`` do, in one statement on PostgreSQL (three round trips were most of an
+    episode counted in its node's record if it is new: ``insert_once`` of the entry and
+    ``record_episode``, in one statement on PostgreSQL (three round trips were most of an
     attempt's completion there; bench/latency.py's phase table)."""
     if session.get_bind().dialect.name != "postgresql":
         if charge is not None:

@@ -9,7 +9,6 @@ from typing import Any, Final, cast
 from sqlalchemy import Table, bindparam, func, select
 from sqlalchemy.orm import Session
 
-from bidding.store.once import insert_once
 from bidding.store.schema import LedgerEntry
 
 _LEDGER: Final = cast(Table, LedgerEntry.__table__)
@@ -24,16 +23,6 @@ def entry(*, task_id: str, attempt: int, node: str, units: float, price_per_unit
     twice)."""
     return {"task_id": task_id, "attempt": attempt, "node": node, "units": units,
             "price_per_unit": price_per_unit, "total": price_per_unit * units, "at": at}
-
-
-def charge(session: Session, *, task_id: str, attempt: int, node: str, units: float,
-           price_per_unit: float, at: float) -> float:
-    """Write an attempt's ledger entry, once (a redelivered attempt is not charged twice);
-    returns its cost, the node's price times the units consumed (AITP 7.1)."""
-    row = entry(task_id=task_id, attempt=attempt, node=node, units=units,
-                price_per_unit=price_per_unit, at=at)
-    insert_once(session, _LEDGER, row)
-    return float(row["total"])
 
 
 def spent(session: Session, task_id: str) -> float:
