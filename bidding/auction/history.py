@@ -173,30 +173,23 @@ def read_histories(
     outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
     for row in latest:
         outcomes[row.node].append((row.finished_at, bool(row.success)))
-    if known is not None:
-        return {name: dataclasses.replace(
-                    known.get(name, NodeHistory()),
-                    outcomes=tuple(ok for _, ok in sorted(outcomes[name], key=lambda p: p[0],
-                                                          reverse=True)))
-                for name in names}
-    failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
-        "nodes": names, "task_type": task_type,
-        "since": now - settings.recent_failure_seconds})}
-    totals = {row.name: (row.attempts, row.successes)
-              for row in conn.execute(_TOTALS_OF, {"nodes": names})}
-    in_flight = count_in_flight(session, names)
-    out = {}
-    for name in names:
-        newest_first = sorted(outcomes[name], key=lambda pair: pair[0], reverse=True)
-        attempts, successes = totals.get(name, (0, 0))
-        out[name] = NodeHistory(
-            outcomes=tuple(ok for _, ok in newest_first),
-            recent_failures=int(failures.get(name, 0)),
-            in_flight=int(in_flight.get(name, 0)),
-            attempts=int(attempts),
-            successes=int(successes),
-        )
-    return out
+    if known is None:
+        failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
+            "nodes": names, "task_type": task_type,
+            "since": now - settings.recent_failure_seconds})}
+        totals = {row.name: (row.attempts, row.successes)
+                  for row in conn.execute(_TOTALS_OF, {"nodes": names})}
+        in_flight = count_in_flight(session, names)
+        known = {name: NodeHistory(recent_failures=int(failures.get(name, 0)),
+                                   in_flight=int(in_flight.get(name, 0)),
+                                   attempts=int(totals.get(name, (0, 0))[0]),
+                                   successes=int(totals.get(name, (0, 0))[1]))
+                 for name in names}
+    return {name: dataclasses.replace(
+                known.get(name, NodeHistory()),
+                outcomes=tuple(ok for _, ok in sorted(outcomes[name], key=lambda p: p[0],
+                                                      reverse=True)))
+            for name in names}
 
 
 _history: dict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = {}
