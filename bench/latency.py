@@ -89,7 +89,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "the auctions again (e.g. 1000)")
     parser.add_argument("--store", default=None,
                         help="a PostgreSQL server URL for the redis backend's store (a fresh "
-                             "database is created and dropped); default: a SQLite file")
+                             "database is created and dropped), or 'postgres' for the local "
+                             "one ($BIDDING_TEST_POSTGRES, else postgres@127.0.0.1:5432/test); "
+                             "default or 'sqlite': a SQLite file")
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/9",
                         help="Redis for --backend redis (flushed!)")
     parser.add_argument("--source", default=str(ROOT),
@@ -99,7 +101,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out-dir", default=None,
                         help="keep logs and profiles here (default: a new temp dir)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # "--store postgres" (issue 17's spelling) is the local server the tests use; "sqlite" is
+    # the default SQLite file.
+    if args.store in ("postgres", "postgresql"):
+        from bench.common.postgres import LOCAL_SERVER
+
+        args.store = LOCAL_SERVER
+    elif args.store == "sqlite":
+        args.store = None
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:

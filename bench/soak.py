@@ -36,12 +36,11 @@ from bench.chaos.runs import RUNS_ENV, read_runs
 from bench.chaos.verdict import Outcome, Submitted, Verdict, judge
 from bench.common.log import log
 from bench.common.paths import ROOT
-from bench.common.postgres import scratch_database
+from bench.common.postgres import LOCAL_SERVER, scratch_database
 from bench.common.redis_server import PrivateRedis
 from bidding.observe.logcheck import CheckReport, check_log
 
-POSTGRES = os.environ.get("BIDDING_TEST_POSTGRES",
-                          "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+POSTGRES = LOCAL_SERVER
 
 
 @dataclass

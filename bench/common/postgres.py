@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from collections.abc import Iterator
 
 import sqlalchemy as sa
+
+#: The local PostgreSQL server the tests and benchmarks use by default.
+LOCAL_SERVER = os.environ.get("BIDDING_TEST_POSTGRES",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 @contextlib.contextmanager
