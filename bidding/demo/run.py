@@ -164,16 +164,22 @@ def _addresses(web: list[Any]) -> None:
 
 
 def _wait_for_ctrl_c() -> None:
-    """Block until Ctrl-C (SIGINT) or SIGTERM, so that the finally blocks stop everything."""
+    """Block until Ctrl-C (SIGINT) or SIGTERM, so that the finally blocks stop everything.
+
+    Both are handled here, not left to Python's default: a program started in the background
+    by a shell script (``make demo KEEP=1 &``, a test runner run that way) inherits SIGINT
+    ignored, and Python then never turns it into KeyboardInterrupt, so Ctrl-C, or a
+    ``kill -INT``, would not stop the kept demo.
+    """
     stopped = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    previous = {signum: signal.signal(signum, lambda *_: stopped.set())
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         while not stopped.wait(0.5):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool = False) -> int:

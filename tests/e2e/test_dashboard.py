@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import require
+from tests.conftest import kill_tree, require, stop_embedded_redis
 from tests.e2e.test_flower import clean_env
 
 pytestmark = pytest.mark.e2e
@@ -71,6 +71,10 @@ def _read(stream: Any, lines: list[str], seen: queue.Queue[str]) -> None:
         seen.put(line)
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 @pytest.fixture(scope="module")
 def demo() -> Iterator[KeptDemo]:
     """``python -m bidding.demo --tasks 8 --keep`` from the repository root, up to its summary."""
@@ -80,7 +84,10 @@ def demo() -> Iterator[KeptDemo]:
         [sys.executable, "-m", "bidding.demo", "--tasks", "8", "--interval", "0.02",
          "--concurrency", "1", "--keep"],
         cwd=REPO_ROOT, env=clean_env(BIDDING_API_READ_TOKEN=READ_TOKEN),
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        # As a shell script's background job (`make demo KEEP=1 &`) starts it: with SIGINT
+        # ignored, which Python leaves so unless the program handles Ctrl-C itself.
+        preexec_fn=_ignore_sigint)
     lines: list[str] = []
     seen: queue.Queue[str] = queue.Queue()
     reader = threading.Thread(target=_read, args=(proc.stdout, lines, seen), daemon=True)
@@ -107,8 +114,11 @@ def demo() -> Iterator[KeptDemo]:
             try:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                # Its nodes and services too (a Flower left on 5555 would fail the next test),
+                # and its Redis, a daemon of its own.
+                kill_tree(proc.pid)
                 proc.wait(timeout=10)
+                stop_embedded_redis("".join(lines))
         reader.join(timeout=10)
 
 
@@ -246,7 +256,11 @@ def test_ctrl_c_stops_the_kept_demo_and_everything_it_started(demo: KeptDemo) ->
     assert httpx.get(f"{demo.flower}healthcheck", timeout=10).status_code == 200
     # when the user presses Ctrl-C
     demo.process.send_signal(signal.SIGINT)
-    code = demo.process.wait(timeout=60)
+    try:
+        code = demo.process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the demo did not stop within 60 s of Ctrl-C; what it printed:\n"
+                    + demo.output())
     # then it exits 0 (every task had ended), and neither service answers any more
     assert code == 0, demo.output()
     for url in (demo.dashboard, demo.flower):
