@@ -17,7 +17,7 @@ from typing import Any, Final, cast
 from sqlalchemy import Table, event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from bidding.store.rows import insert_rows
+from bidding.store.rows import commit_with, insert_rows
 from bidding.store.schema import Message
 
 ANNOUNCED: Final = "ANNOUNCED"
@@ -101,6 +101,10 @@ def flush(session: Session) -> None:
 
 @event.listens_for(Session, "before_commit")
 def _before_commit(session: Session) -> None:
+    rows = session.info.get(_PENDING)
+    if rows and not session.in_nested_transaction() and commit_with(session, MESSAGES, rows):
+        session.info.pop(_PENDING, None)
+        return
     flush(session)
 
 

@@ -71,7 +71,8 @@ def _query(task_ids: Sequence[str] | None, since: float) -> Select[Any]:
 
 def _logs(database_url: str, task_ids: Sequence[str] | None, since: float
           ) -> Iterator[tuple[str, list[Any]]]:
-    with read_session(database_url) as session:
+    # In a transaction: PostgreSQL's server-side cursor (``yield_per``) needs one.
+    with read_session(database_url, in_transaction=True) as session:
         rows = session.execute(_query(task_ids, since).execution_options(yield_per=BATCH))
         for task_id, messages in groupby(rows, key=lambda row: row.task_id):
             yield str(task_id), list(messages)

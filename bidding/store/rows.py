@@ -19,6 +19,7 @@ from typing import Any
 
 from sqlalchemy import Insert, Row, Table, insert
 from sqlalchemy.dialects import postgresql
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 from bidding.store.engine import core
@@ -43,6 +44,49 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
         conn.execute(insert(table), list(rows))
         return []
     return list(result.all()) if returning else []
+
+
+def commit_with(session: Session, table: Table, rows: Sequence[dict[str, Any]]) -> bool:
+    """On PostgreSQL, INSERT ``rows`` and COMMIT the session's transaction in one round trip
+    (psycopg's pipeline mode); False, having done nothing, on another store.
+
+    For a session about to commit (``before_commit``): its other pending changes are flushed
+    first, so the COMMIT covers them; SQLAlchemy's own COMMIT then finds the connection idle,
+    and psycopg sends nothing. A failed INSERT or COMMIT raises, and the session rolls back.
+    Without this, the INSERT and the COMMIT were a round trip each, at the end of every
+    transaction that logs a message (an award, a node's begin and completion).
+    """
+    session.flush()  # the session's other pending changes, into this transaction
+    conn = core(session)
+    if conn.dialect.name != "postgresql" or not rows or not _can_pipeline():
+        return False
+    import psycopg
+
+    driver = conn.connection.driver_connection
+    sql = _from_json(table, tuple(rows[0]), ())
+    params = {"rows": json.dumps(list(rows))}
+    try:
+        with driver.pipeline():  # type: ignore[union-attr]
+            driver.execute(sql, params)  # type: ignore[union-attr]
+            driver.commit()  # type: ignore[union-attr]
+    except psycopg.Error as exc:
+        # Raised as SQLAlchemy raises the driver's errors (an OperationalError for a lost
+        # server, which ``store.outage`` waits out), and a lost connection leaves the pool.
+        lost = conn.dialect.is_disconnect(exc, driver, None)  # type: ignore[arg-type]
+        if lost:
+            conn.invalidate(exc)
+        raise DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=conn.dialect,
+                                  connection_invalidated=lost) from exc
+    return True
+
+
+@lru_cache(maxsize=1)
+def _can_pipeline() -> bool:
+    """Whether psycopg's libpq has pipeline mode (libpq 14 and later; psycopg's wheels bundle
+    a newer one)."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 @lru_cache(maxsize=64)
