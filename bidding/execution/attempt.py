@@ -19,6 +19,7 @@ from typing import Any
 
 import jsonschema
 from celery.exceptions import SoftTimeLimitExceeded
+from pydantic import ValidationError
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
@@ -29,9 +30,10 @@ from bidding.execution.episodes import record_attempt
 from bidding.execution.report import exception_json, value_json
 from bidding.execution.retry import RetryPlan, error_text, plan_retry, retry_exclusions
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import Step, apply, transition
+from bidding.lifecycle.transition import Step, apply, apply_alone, transition
 from bidding.models import BUDGET_EPSILON, Announcement
-from bidding.store import write_session
+from bidding.store import statement_session, write_session
+from bidding.store.engine import is_sqlite
 from bidding.store.schema import Announcement as AnnouncementRow
 
 logger = logging.getLogger(__name__)
@@ -87,12 +89,38 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     now = time.time()
     # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
     runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
+    accepted = Step(states.EXECUTING, journal.TASK_ACCEPTED,
+                    values={"started_at": now, "due_at": None, **runner})
+    if not is_sqlite(settings.database_url):
+        # The usual case in one statement and one round trip (the UPDATE and its message);
+        # a refused one (a duplicate, a redelivery, a stale attempt) is sorted out below.
+        with statement_session(settings.database_url) as session:
+            moved = apply_alone(session, task_id, (accepted,), expect_attempt=attempt,
+                                expect_node=node, at=now, returning=("spec",))
+        if moved is not None and moved.row is not None:
+            try:
+                rfp = Announcement.model_validate(moved.row[0])
+            except ValidationError as exc:
+                _unreadable(settings, task_id, attempt, node, now, exc)
+                raise
+            return Running(task_id, attempt, node, Start.FIRST, rfp, price_per_unit,
+                           began=time.monotonic())
+    try:
+        return _begin_in_transaction(settings, task_id, attempt, node, price_per_unit,
+                                     redelivered, accepted, runner, now)
+    except ValidationError as exc:
+        _unreadable(settings, task_id, attempt, node, now, exc)
+        raise
+
+
+def _begin_in_transaction(settings: Settings, task_id: str, attempt: int, node: str,
+                          price_per_unit: float, redelivered: bool, accepted: Step,
+                          runner: dict[str, Any], now: float) -> Running:
+    """``begin`` in a transaction: SQLite's way, and every refused begin's."""
     with write_session(settings.database_url) as session:
         # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
-        outcome = apply(session, task_id,
-                        (Step(states.EXECUTING, journal.TASK_ACCEPTED,
-                              values={"started_at": now, "due_at": None, **runner}),),
-                        expect_attempt=attempt, expect_node=node, at=now, returning=("spec",))
+        outcome = apply(session, task_id, (accepted,), expect_attempt=attempt,
+                        expect_node=node, at=now, returning=("spec",))
         row = outcome.row
         if row is None:
             return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
@@ -115,6 +143,23 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
                 start = Start.DUPLICATE
         rfp = Announcement.model_validate(spec)  # a bad spec rolls the transition back
     return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
+
+
+def _unreadable(settings: Settings, task_id: str, attempt: int, node: str, now: float,
+                exc: ValidationError) -> None:
+    """The attempt on ``node`` is FAILED: its stored announcement does not validate here (a
+    newer announcer's, say), so it cannot run here; the caller gets the error. (A begin that
+    committed in one statement cannot roll back; before that, a transaction's rollback left
+    the task ASSIGNED to a node that could not run it, for the watchdogs to resend to it.)"""
+    problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
+    reason = (f"its announcement cannot be read on node {node} "
+              f"({exc.error_count()} problem(s): {'; '.join(problems[:3])})")
+    logger.error("task %s: %s", task_id, reason)
+    with write_session(settings.database_url) as session:
+        transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
+                   from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt, expect_node=node,
+                   at=now, detail={"error": reason}, error=reason, finished_at=now,
+                   result=exception_json(exc))
 
 
 def _charge_and_record(session: Session, run: Running, *, success: bool, now: float,

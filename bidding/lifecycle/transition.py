@@ -20,7 +20,18 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Any, Final, cast
 
-from sqlalchemy import CursorResult, Select, Table, Update, bindparam, select, update
+from sqlalchemy import (
+    CursorResult,
+    Select,
+    Table,
+    Update,
+    bindparam,
+    insert,
+    literal,
+    select,
+    union_all,
+    update,
+)
 from sqlalchemy.orm import Session
 
 from bidding.lifecycle import journal, states
@@ -108,6 +119,109 @@ def apply(
     do. A refused path is logged as one ILLEGAL_TRANSITION of its first step (``returning``
     then names columns to read back, see ``Outcome.row``).
     """
+    prepared = _prepare(session, task_id, steps, from_states, expect_attempt, expect_node,
+                        due_by, at, returning)
+    stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
+    first = steps[0]
+    result = cast(CursorResult[Any], session.execute(stmt, params))
+    if with_returning:
+        row = result.one_or_none()
+        moved = row is not None
+    else:
+        moved = result.rowcount == 1
+        row = None
+    if moved:
+        _expire_loaded(session, task_id)
+        if returning and not with_returning:
+            row = session.execute(_select(tuple(returning)), {"t_task_id": task_id}).one()
+        journal.write(session, prepared.messages)
+        return Outcome(True, row)
+    found = session.execute(_select(_FOUND + tuple(returning)),
+                            {"t_task_id": task_id}).one_or_none()
+    # Found in another attempt, or with another node, than the caller held: the task moved on
+    # (a re-award, a retry), so the caller's change is stale rather than illegal.
+    stale = found is not None and (
+        (expect_attempt is not None and found[1] != expect_attempt)
+        or (expect_node is not None and found[2] != expect_node))
+    journal.record(
+        session, task_id, journal.STALE_UPDATE if stale else journal.ILLEGAL_TRANSITION,
+        node=first.message_node or expect_node,
+        attempt=first.values.get("attempt", expect_attempt) or 1, at=prepared.at,
+        target=first.target,
+        wanted=first.kind,
+        current=None if found is None else found[0],
+        current_attempt=None if found is None else found[1],
+        current_node=None if found is None else found[2],
+        expected_attempt=expect_attempt, expected_node=expect_node,
+    )
+    return Outcome(False, found)
+
+
+def apply_alone(
+    session: Session,
+    task_id: str,
+    steps: Sequence[Step],
+    *,
+    expect_attempt: int | None = None,
+    expect_node: str | None = None,
+    at: float | None = None,
+    returning: Sequence[str] = (),
+) -> Outcome | None:
+    """``apply`` in one statement, for a change with nothing else to write, on a session whose
+    statements commit on their own (``store.statement_session`` on PostgreSQL): the UPDATE and,
+    only if it moved the task, its messages, in one round trip where a transaction took four
+    (BEGIN, the UPDATE, the messages' INSERT with the COMMIT).
+
+    Returns the moved ``Outcome`` (its row: the ``returning`` columns as updated), or None when
+    the task did not move: the caller then runs ``apply`` in a transaction, which finds why
+    and logs the refusal (its UPDATE is refused again; the refused path is the rare one).
+    """
+    keys = tuple(returning) or ("task_id",)
+    prepared = _prepare(session, task_id, steps, None, expect_attempt, expect_node, None, at,
+                        keys)
+    stmt = _with_messages(prepared.stmt, len(prepared.messages), keys)
+    params = dict(prepared.params)
+    for n, message in enumerate(prepared.messages):
+        params.update({f"m{n}_{name}": value for name, value in message.items()})
+    row = session.execute(stmt, params).one_or_none()
+    if row is None:
+        return None
+    return Outcome(True, row if returning else None)
+
+
+@lru_cache(maxsize=64)
+def _with_messages(update_stmt: Update, count: int, returning: tuple[str, ...]) -> Select[Any]:
+    """``WITH moved AS (the UPDATE ... RETURNING), logged AS (INSERT the messages, one row
+    each per moved row, in order) SELECT the returning columns FROM moved``. (PostgreSQL runs
+    a WITH's statements together, in no set order: the messages are one INSERT, ordered.)"""
+    table = journal.MESSAGES
+    moved = update_stmt.cte("moved")
+    columns = ("task_id", "kind", "node", "attempt", "detail", "at")
+    given = union_all(*(
+        select(*(bindparam(f"m{n}_{name}", type_=table.c[name].type).label(name)
+                 for name in columns), literal(n).label("n")).select_from(moved)
+        for n in range(count))).subquery("given")
+    logged = insert(table).from_select(
+        list(columns), select(*(given.c[name] for name in columns)).order_by(given.c.n))
+    return select(*(moved.c[name] for name in returning)).add_cte(logged.cte("logged"))
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A transition's UPDATE, its parameters and the messages it logs if it moves the task."""
+
+    stmt: Update
+    params: dict[str, Any]
+    with_returning: bool
+    messages: list[dict[str, Any]]
+    at: float
+
+
+def _prepare(session: Session, task_id: str, steps: Sequence[Step],
+             from_states: Iterable[str] | None, expect_attempt: int | None,
+             expect_node: str | None, due_by: float | None, at: float | None,
+             returning: Sequence[str]) -> _Prepared:
+    """Check ``steps`` and build their UPDATE (``apply``'s rules)."""
     if not steps:
         raise ValueError("a transition needs at least one step")
     first = steps[0]
@@ -145,44 +259,13 @@ def apply(
         params["t_node"] = expect_node
     if due_by is not None:
         params["t_due"] = due_by
-    result = cast(CursorResult[Any], session.execute(stmt, params))
-    if with_returning:
-        row = result.one_or_none()
-        moved = row is not None
-    else:
-        moved = result.rowcount == 1
-        row = None
-    if moved:
-        _expire_loaded(session, task_id)
-        if returning and not with_returning:
-            row = session.execute(_select(tuple(returning)), {"t_task_id": task_id}).one()
-        rows = []
-        attempt = expect_attempt
-        for step in steps:
-            attempt = step.values.get("attempt", attempt)
-            rows.append(journal.message(task_id, step.kind,
-                                        node=step.message_node or expect_node,
+    messages = []
+    attempt = expect_attempt
+    for step in steps:
+        attempt = step.values.get("attempt", attempt)
+        messages.append(journal.message(task_id, step.kind, node=step.message_node or expect_node,
                                         attempt=attempt or 1, at=at, **(step.detail or {})))
-        journal.write(session, rows)
-        return Outcome(True, row)
-    found = session.execute(_select(_FOUND + tuple(returning)),
-                            {"t_task_id": task_id}).one_or_none()
-    # Found in another attempt, or with another node, than the caller held: the task moved on
-    # (a re-award, a retry), so the caller's change is stale rather than illegal.
-    stale = found is not None and (
-        (expect_attempt is not None and found[1] != expect_attempt)
-        or (expect_node is not None and found[2] != expect_node))
-    journal.record(
-        session, task_id, journal.STALE_UPDATE if stale else journal.ILLEGAL_TRANSITION,
-        node=first.message_node or expect_node,
-        attempt=first.values.get("attempt", expect_attempt) or 1, at=at, target=first.target,
-        wanted=first.kind,
-        current=None if found is None else found[0],
-        current_attempt=None if found is None else found[1],
-        current_node=None if found is None else found[2],
-        expected_attempt=expect_attempt, expected_node=expect_node,
-    )
-    return Outcome(False, found)
+    return _Prepared(stmt, params, with_returning, messages, at)
 
 
 @lru_cache(maxsize=256)

@@ -6,6 +6,7 @@ from bidding.store.engine import (
     masked_url,
     read_session,
     sqlite_path,
+    statement_session,
     store_label,
     write_session,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "masked_url",
     "read_session",
     "sqlite_path",
+    "statement_session",
     "store_label",
     "upgrade",
     "write_session",

@@ -283,6 +283,18 @@ def read_session(url: str, *, in_transaction: bool = False) -> Iterator[Session]
 
 
 @contextmanager
+def statement_session(url: str) -> Iterator[Session]:
+    """A session on a server store whose every statement commits on its own: for a write that
+    is one statement (a data-modifying ``WITH``), one round trip instead of a transaction's
+    BEGIN, statement and COMMIT. Not for SQLite, whose writes take its lock in a transaction
+    (ValueError)."""
+    if is_sqlite(url):
+        raise ValueError("statement_session: SQLite writes run in write_session")
+    with guard.inside(), engines(url).reader() as session:
+        yield session
+
+
+@contextmanager
 def write_session(url: str) -> Iterator[Session]:
     """A session whose transaction is committed on success and rolled back on error."""
     with guard.inside(), engines(url).writer() as session, session.begin():

@@ -102,6 +102,53 @@ def test_begin_moves_an_assigned_task_to_executing(settings: Settings) -> None:
     assert found.started_at == times(settings, rfp.task_id)[0]
 
 
+def test_on_postgresql_begin_is_one_statement_and_one_round_trip(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from sqlalchemy import event
+
+    from bidding.store.engine import get_engine
+    from tests.unit.conftest import postgres_database
+    from tests.unit.test_store_rows import _commands
+
+    with postgres_database() as url:
+        settings = Settings(database_url=url, auto_migrate=False)
+        rfp = assigned(settings)
+        statements: list[str] = []
+        event.listen(get_engine(url), "before_cursor_execute",
+                     lambda *args: statements.append(args[2]))
+        sent = _commands(monkeypatch)
+        # when the node begins the attempt
+        run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+        # then it sent one statement and no BEGIN or COMMIT of its own
+        assert len(statements) == 1 and sent == [], (statements, sent)
+        # and the task runs, with its message logged, as in a transaction
+        assert run.start is execution.Start.FIRST and run.rfp == rfp
+        assert row(settings, rfp.task_id).state == lifecycle.EXECUTING
+        assert log(settings, rfp.task_id) == [(journal.TASK_ACCEPTED, NODE, 1, {})]
+
+
+def test_begin_of_a_task_whose_announcement_the_node_cannot_read_fails_it_saying_why(
+        settings: Settings) -> None:
+    from pydantic import ValidationError
+
+    # given a task whose stored announcement has a field this version does not know (a newer
+    # announcer's)
+    rfp = assigned(settings)
+    with write_session(settings.database_url) as session:
+        found = session.get(AnnouncementRow, rfp.task_id)
+        assert found is not None
+        found.spec = {**found.spec, "from_the_future": 1}
+    # when the node begins it, then the error is raised (the caller's result gets it)
+    with pytest.raises(ValidationError):
+        execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    # and the task is FAILED, the store and its log saying why
+    failed = row(settings, rfp.task_id)
+    assert failed.state == lifecycle.FAILED
+    assert failed.error is not None and "cannot be read on node n1" in failed.error
+    assert "from_the_future" in failed.error
+    assert log(settings, rfp.task_id)[-1][0] == journal.TASK_FAILED
+
+
 def test_begin_again_on_the_same_node_is_a_redelivery(settings: Settings) -> None:
     rfp = assigned(settings)
     execution.begin(settings, rfp.task_id, 1, NODE)
