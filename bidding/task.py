@@ -137,11 +137,13 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         settings = get_settings(self.app)
         profile = current_profile(settings)
         url = settings.database_url
+        # One start time for every try: a retried begin whose first commit landed knows it.
+        started = time.time()
         run = outlasting(url, f"task {request.id}: recording its start", lambda: execution.begin(
             settings, request.id, int(attempt), str(_header(request, NODE_HEADER)),
             profile.price_per_unit if profile is not None else 0.0,
             redelivered=bool((request.delivery_info or {}).get("redelivered")),
-            worker=request.hostname, boot_id=incarnation.boot_id()))
+            worker=request.hostname, boot_id=incarnation.boot_id(), now=started))
         if run.start is execution.Start.DUPLICATE:
             # This worker has announced the copy (task-received/started): point Flower back at
             # the worker that has or had the task.

@@ -79,14 +79,18 @@ class Verdict:
 
 def begin(settings: Settings, task_id: str, attempt: int, node: str,
           price_per_unit: float = 0.0, redelivered: bool = True, *,
-          worker: str | None = None, boot_id: str | None = None) -> Running:
+          worker: str | None = None, boot_id: str | None = None,
+          now: float | None = None) -> Running:
     """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run.
 
     A message for an attempt its node already runs is run again only if the broker
     ``redelivered`` it (its worker died with it unacknowledged); a second copy of the message
     (a resend whose first publish did arrive) is a DUPLICATE, dropped, while the first runs.
+    ``now``: the start time to record; a caller that tries again after a lost connection
+    passes the same one, so that a begin whose commit landed before the connection was lost
+    is recognised as its own (FIRST), not taken for a second copy.
     """
-    now = time.time()
+    now = time.time() if now is None else now
     # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
     runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
     accepted = Step(states.EXECUTING, journal.TASK_ACCEPTED,
@@ -120,7 +124,7 @@ def _begin_in_transaction(settings: Settings, task_id: str, attempt: int, node: 
     with write_session(settings.database_url) as session:
         # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
         outcome = apply(session, task_id, (accepted,), expect_attempt=attempt,
-                        expect_node=node, at=now, returning=("spec",))
+                        expect_node=node, at=now, returning=("spec", "started_at"))
         row = outcome.row
         if row is None:
             return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
@@ -129,8 +133,12 @@ def _begin_in_transaction(settings: Settings, task_id: str, attempt: int, node: 
             spec = row[0]
         else:
             spec = row[3]
-            if (redelivered and row[0] == states.EXECUTING and row[1] == attempt
-                    and row[2] == node):
+            ours = row[0] == states.EXECUTING and row[1] == attempt and row[2] == node
+            if ours and row[4] == now:
+                # This very begin, tried again: its commit landed before the connection was
+                # lost (the refusal it just logged says so). It runs now, once.
+                start = Start.FIRST
+            elif redelivered and ours:
                 journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
                                attempt=attempt, at=now, redelivered=True)
                 if runner:

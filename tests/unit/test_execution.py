@@ -149,6 +149,21 @@ def test_begin_of_a_task_whose_announcement_the_node_cannot_read_fails_it_saying
     assert log(settings, rfp.task_id)[-1][0] == journal.TASK_FAILED
 
 
+def test_a_begin_tried_again_after_its_commit_landed_runs_the_task(settings: Settings) -> None:
+    # given a begin whose commit landed, and whose answer was lost with the connection (the
+    # node's worker tries it again, with the same start time)
+    rfp = assigned(settings)
+    execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1000.5)
+    # when it is tried again
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1000.5)
+    # then the task runs (it is not taken for a second copy of its message, dropped)
+    assert run.start is execution.Start.FIRST and run.rfp == rfp
+    assert row(settings, rfp.task_id).started_at == 1000.5
+    # while a second copy of the message, begun later, is still a duplicate
+    later = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1001.0)
+    assert later.start is execution.Start.DUPLICATE
+
+
 def test_begin_again_on_the_same_node_is_a_redelivery(settings: Settings) -> None:
     rfp = assigned(settings)
     execution.begin(settings, rfp.task_id, 1, NODE)
