@@ -95,21 +95,17 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
     accepted = Step(states.EXECUTING, journal.TASK_ACCEPTED,
                     values={"started_at": now, "due_at": None, **runner})
-    if not is_sqlite(settings.database_url):
-        # The usual case in one statement and one round trip (the UPDATE and its message);
-        # a refused one (a duplicate, a redelivery, a stale attempt) is sorted out below.
-        with statement_session(settings.database_url) as session:
-            moved = apply_alone(session, task_id, (accepted,), expect_attempt=attempt,
-                                expect_node=node, at=now, returning=("spec",))
-        if moved is not None and moved.row is not None:
-            try:
-                rfp = Announcement.model_validate(moved.row[0])
-            except ValidationError as exc:
-                _unreadable(settings, task_id, attempt, node, now, exc)
-                raise
-            return Running(task_id, attempt, node, Start.FIRST, rfp, price_per_unit,
-                           began=time.monotonic())
     try:
+        if not is_sqlite(settings.database_url):
+            # The usual case in one statement and one round trip (the UPDATE and its message);
+            # a refused one (a duplicate, a redelivery, a stale attempt) is sorted out below.
+            with statement_session(settings.database_url) as session:
+                moved = apply_alone(session, task_id, (accepted,), expect_attempt=attempt,
+                                    expect_node=node, at=now, returning=("spec",))
+            if moved is not None and moved.row is not None:
+                return Running(task_id, attempt, node, Start.FIRST,
+                               Announcement.model_validate(moved.row[0]), price_per_unit,
+                               began=time.monotonic())
         return _begin_in_transaction(settings, task_id, attempt, node, price_per_unit,
                                      redelivered, accepted, runner, now)
     except ValidationError as exc:

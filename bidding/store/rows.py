@@ -56,10 +56,11 @@ def commit_with(session: Session, table: Table, rows: Sequence[dict[str, Any]]) 
     Without this, the INSERT and the COMMIT were a round trip each, at the end of every
     transaction that logs a message (an award, a node's begin and completion).
     """
+    if (not rows or session.get_bind().dialect.name != "postgresql"
+            or not _can_pipeline()):
+        return False
     session.flush()  # the session's other pending changes, into this transaction
     conn = core(session)
-    if conn.dialect.name != "postgresql" or not rows or not _can_pipeline():
-        return False
     import psycopg
 
     driver = conn.connection.driver_connection
