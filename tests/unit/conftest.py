@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -66,3 +67,19 @@ def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Setting
         return
     with postgres_database() as url:
         yield Settings(database_url=url, auto_migrate=False)
+
+
+def psycopg_commands(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """psycopg's own commands (BEGIN, COMMIT, ROLLBACK) from now on, each with whether it was
+    sent in a pipeline (with other statements, one round trip for all)."""
+    from psycopg._connection_base import BaseConnection
+
+    sent: list[tuple[str, bool]] = []
+    original = BaseConnection._exec_command
+
+    def _exec_command(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append((bytes(command).decode().split()[0], self._pipeline is not None))
+        return original(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(BaseConnection, "_exec_command", _exec_command)
+    return sent

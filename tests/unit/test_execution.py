@@ -107,8 +107,7 @@ def test_on_postgresql_begin_is_one_statement_and_one_round_trip(
     from sqlalchemy import event
 
     from bidding.store.engine import get_engine
-    from tests.unit.conftest import postgres_database
-    from tests.unit.test_store_rows import _commands
+    from tests.unit.conftest import postgres_database, psycopg_commands
 
     with postgres_database() as url:
         settings = Settings(database_url=url, auto_migrate=False)
@@ -116,7 +115,7 @@ def test_on_postgresql_begin_is_one_statement_and_one_round_trip(
         statements: list[str] = []
         event.listen(get_engine(url), "before_cursor_execute",
                      lambda *args: statements.append(args[2]))
-        sent = _commands(monkeypatch)
+        sent = psycopg_commands(monkeypatch)
         # when the node begins the attempt
         run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
         # then it sent one statement and no BEGIN or COMMIT of its own

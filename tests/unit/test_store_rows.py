@@ -17,7 +17,7 @@ from bidding.store.engine import get_engine
 from bidding.store.rows import insert_rows
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
-from tests.unit.conftest import postgres_database
+from tests.unit.conftest import postgres_database, psycopg_commands
 
 
 def _statements(url: str) -> list[str]:
@@ -56,26 +56,10 @@ def test_a_transactions_messages_are_written_in_order_with_one_statement_at_comm
     assert rows[2].detail == {"payload": {"x": [1, None, "é"]}}
 
 
-def _commands(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
-    """psycopg's own commands (BEGIN, COMMIT, ROLLBACK) from now on, each with whether it was
-    sent in a pipeline (with other statements, one round trip for all)."""
-    from psycopg._connection_base import BaseConnection
-
-    sent: list[tuple[str, bool]] = []
-    original = BaseConnection._exec_command
-
-    def _exec_command(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append((bytes(command).decode().split()[0], self._pipeline is not None))
-        return original(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(BaseConnection, "_exec_command", _exec_command)
-    return sent
-
-
 def test_on_postgresql_a_transactions_messages_travel_with_its_commit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     with postgres_database() as url:
-        sent = _commands(monkeypatch)
+        sent = psycopg_commands(monkeypatch)
         rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
         # given a transaction that adds a row and logs a message
         with write_session(url) as session:
@@ -137,7 +121,7 @@ def test_on_postgresql_reads_run_without_a_transaction_and_writes_keep_theirs(
     with postgres_database() as url:
         with read_session(url) as session:  # the pool's connection, made and handed back
             session.execute(text("SELECT 1"))
-        sent = _commands(monkeypatch)
+        sent = psycopg_commands(monkeypatch)
         # when a read session runs a statement
         with read_session(url) as session:
             session.execute(text("SELECT 1"))
