@@ -74,7 +74,7 @@ def seed(url: str, tasks: int, budget: float | None) -> list[str]:
         for i in range(tasks):
             rfp = announcement(i, budget)
             now = time.time()
-            # bidding.auction.announce.row_values, then the award's transition to ASSIGNED.
+            # bidding.auction.opening.row_values, then the award's transition to ASSIGNED.
             session.add(AnnouncementRow(
                 task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
                 content=rfp.content, required_skills=rfp.required_skills,

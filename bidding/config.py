@@ -59,6 +59,15 @@ class Settings(BaseModel):
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
     #: the store), "store", or a Redis URL (see bidding.auction.board).
     bid_board: str = "auto"
+    #: Write a new task's proxy award behind (bidding.auction.writebehind): the caller's
+    #: ``.delay()`` appends the announcement, its bids and its award to a Redis stream in one
+    #: Lua call, reserving the winner there, and the node workers write them to the store in
+    #: batches (the winner writes its own before it starts). Needs the Redis bid board, and
+    #: Redis with persistence (``appendonly yes``): until written, an award is in Redis only.
+    award_journal: bool = False
+    #: Seconds a journal entry may wait in a writer that took it and went silent (killed)
+    #: before another node's writer takes it over.
+    journal_reclaim_seconds: float = Field(10.0, gt=0, le=3600)
     #: Who makes the bids: "auto" has the announcer make the bids of the candidates whose
     #: profile names no bidder of their own (their heartbeat says so), as "proxy" does, and
     #: ask the others, in one auction; "ask" sends every candidate a bid request and its node

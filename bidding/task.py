@@ -33,6 +33,7 @@ from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.board import history_changed
 from bidding.auction.task_options import check_task_class
+from bidding.auction.writebehind import settle, wait_written
 from bidding.config import get_settings
 from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
@@ -137,13 +138,25 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         settings = get_settings(self.app)
         profile = current_profile(settings)
         url = settings.database_url
+        if settings.award_journal:
+            _settle(settings, self.app, request.id)
         # One start time for every try: a retried begin whose first commit landed knows it.
         started = time.time()
-        run = outlasting(url, f"task {request.id}: recording its start", lambda: execution.begin(
-            settings, request.id, int(attempt), str(_header(request, NODE_HEADER)),
-            profile.price_per_unit if profile is not None else 0.0,
-            redelivered=bool((request.delivery_info or {}).get("redelivered")),
-            worker=request.hostname, boot_id=incarnation.boot_id(), now=started))
+
+        def begin() -> execution.Running:
+            return outlasting(
+                url, f"task {request.id}: recording its start", lambda: execution.begin(
+                    settings, request.id, int(attempt), str(_header(request, NODE_HEADER)),
+                    profile.price_per_unit if profile is not None else 0.0,
+                    redelivered=bool((request.delivery_info or {}).get("redelivered")),
+                    worker=request.hostname, boot_id=incarnation.boot_id(), now=started))
+
+        run = begin()
+        if (run.start is execution.Start.UNKNOWN and settings.award_journal
+                and wait_written(settings, self.app, request.id,
+                                 2 * settings.journal_reclaim_seconds)):
+            # Its award is written now (a writer that held its entry was taken over).
+            run = begin()
         if run.start is execution.Start.DUPLICATE:
             # This worker has announced the copy (task-received/started): point Flower back at
             # the worker that has or had the task.
@@ -233,6 +246,14 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
         if run is not None:
             run.units = float(units)
+
+
+def _settle(settings: Any, app: Any, task_id: str) -> None:
+    """Write the task's award if it is still only in the write-behind journal."""
+    try:
+        settle(settings, app, task_id)
+    except Exception as exc:  # begin then waits for a writer (wait_written)
+        logger.warning("task %s: writing its journaled award failed (%s)", task_id, exc)
 
 
 def _delay(options: Mapping[str, Any]) -> float:

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 from celery import Celery
 from celery.result import AsyncResult
-from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from bidding.auction.award import route_award, strategy_of
@@ -22,8 +22,10 @@ from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates, split_by_bidder
 from bidding.auction.close import close_auction
 from bidding.auction.consumer import request_bids
+from bidding.auction.opening import record_new, row_values
 from bidding.auction.proxy import award_by_proxy, post_proxy_answers
 from bidding.auction.request_view import bidder_view
+from bidding.auction.writebehind import award_behind, settle
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
@@ -66,27 +68,9 @@ def announce(
     return AsyncResult(rfp.task_id, app=app)
 
 
-def row_values(rfp: Announcement, state: str, candidates: list[str], *,
-               due_at: float | None = None) -> dict[str, Any]:
-    """The announcements-table columns of ``rfp`` in ``state``."""
-    return {
-        "task_id": rfp.task_id, "task_name": rfp.task_name, "task_type": rfp.task_type,
-        "content": rfp.content, "required_skills": rfp.required_skills,
-        "preferred_node": rfp.preferred_node, "priority": rfp.priority,
-        "deadline": rfp.deadline, "budget": rfp.budget, "strategy": rfp.strategy,
-        "spec": rfp.model_dump(mode="json"), "state": state, "attempt": rfp.attempt,
-        "candidates": candidates, "expected_bids": len(candidates),
-        "announced_at": rfp.announced_at, "closes_at": rfp.announced_at + rfp.window,
-        "due_at": due_at,
-    }
-
-
 def _row(rfp: Announcement, state: str, candidates: list[str], *,
          due_at: float | None = None) -> AnnouncementRow:
     return AnnouncementRow(**row_values(rfp, state, candidates, due_at=due_at))
-
-
-_INSERT_ANNOUNCEMENT = insert(cast(Table, AnnouncementRow.__table__))
 
 
 def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: bool,
@@ -112,11 +96,17 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
 
     proxied, asked = split_by_bidder(rfp.bid_mode or settings.bid_mode, live, candidates)
     proxy = bool(candidates) and not asked
+    if (proxy and new and fresh_id and settings.award_journal
+            and decides_at_once(strategy_of(settings, rfp))):
+        # Decided here, its rows written behind (bidding.auction.writebehind).
+        opened()
+        if _award_behind(app, settings, rfp, live, candidates):
+            return True
     if proxy and new and decides_at_once(strategy_of(settings, rfp)):
         # The announcement, its bids and its award in one transaction.
         opened()
         if _award_by_proxy(app, settings, rfp, live, candidates,
-                           opening=lambda session: _record_new(session, rfp, candidates)):
+                           opening=lambda session: record_new(session, rfp, candidates)):
             return True
         proxy = False  # nothing was written: announce as usual, asking the candidates
     if not proxy and not asked:
@@ -147,7 +137,7 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             if defer:
                 return _defer(session, rfp, new=new)
             if new:
-                _record_new(session, rfp, candidates)
+                record_new(session, rfp, candidates)
                 return True
             return transition(
                 session, rfp.task_id, states.BIDDING, kind=journal.ANNOUNCED,
@@ -228,15 +218,6 @@ def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,
                    detail={"error": reason}, error=reason, finished_at=time.time())
 
 
-def _record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:
-    """Write a new announcement, open for bids, and its ANNOUNCED message."""
-    # Core statements: the caller's path is the hottest in a burst.
-    session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, states.BIDDING, candidates))
-    journal.write(session, [journal.message(
-        rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
-        task_type=rfp.task_type, candidates=candidates, required_skills=rfp.required_skills)])
-
-
 def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
                     live: Sequence[LiveNode], candidates: Sequence[str],
                     opening: Callable[[Session], None] | None = None) -> bool:
@@ -252,6 +233,27 @@ def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
         return False
     if award is not None:
         route_award(app, settings, rfp, award)
+    return True
+
+
+def _award_behind(app: Celery, settings: Settings, rfp: Announcement,
+                  live: Sequence[LiveNode], candidates: Sequence[str]) -> bool:
+    """Bid for the candidates and award now into the write-behind journal, then route the
+    award. False, with the error logged, when the journal could not take it (Redis down, the
+    board not Redis): the caller then writes the award in the store's transaction."""
+    by_name = {node.name: node for node in live}
+    try:
+        award = award_behind(settings, app, rfp, [by_name[name] for name in candidates])
+    except Exception:
+        logger.exception("journaling the award of %s failed; writing it to the store instead",
+                         rfp.task_id)
+        return False
+    if award is None:
+        return False
+    if award.winner is None:
+        # Failing the caller also writes the error to the task's row: write it now (rare).
+        settle(settings, app, rfp.task_id)
+    route_award(app, settings, rfp, award)
     return True
 
 

@@ -132,19 +132,8 @@ def award_answers(
         bidders = sorted(b.node for b in answers if isinstance(b, Bid))
 
     def make_award(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
-        bids, refusals = sorted_answers(given)
-        award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
-                       closed_by=closed_by, candidates=candidates)
-        if award.outcome == "failed" and rfp.no_bid == "fallback":
-            pool = fallback_pool(rfp, live_nodes(settings))
-            node = fallback_node(pool, in_flight_counts(settings, [n.name for n in pool]))
-            if node is not None:
-                award = award.model_copy(update={"outcome": "fallback", "winner": node})
-            else:
-                skills = ", ".join(rfp.required_skills) or "any skill"
-                award = award.model_copy(update={"error": (
-                    f"{award.error}; no live node with {skills} to fall back to")})
-        return award
+        return decide_award(settings, rfp, strategy, given, counts, closed_by=closed_by,
+                            candidates=candidates)
 
     result: Award | _Commit = _Commit.STALE
     # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
@@ -170,6 +159,33 @@ def award_answers(
                        "insert failed or is stuck); left to the deadline sweeper", rfp.task_id,
                        ROW_WAIT)
     return result if isinstance(result, Award) else None
+
+
+def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrategy,
+                 answers: Sequence[Bid | Refusal], counts: dict[str, int], *,
+                 closed_by: str, candidates: int,
+                 extra_load: Mapping[str, int] | None = None) -> Award:
+    """The award of ``rfp`` on ``answers`` with the bidders' in-flight ``counts``: the
+    strategy's pick among the eligible bids, or the no-bid outcome (a fallback node when the
+    task's ``no_bid`` says so). ``extra_load``: awards not in the store yet, by node (the
+    write-behind journal's reservations), counted for a fallback's choice too."""
+    bids, refusals = sorted_answers(answers)
+    award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
+                   closed_by=closed_by, candidates=candidates)
+    if award.outcome == "failed" and rfp.no_bid == "fallback":
+        pool = fallback_pool(rfp, live_nodes(settings))
+        loads = in_flight_counts(settings, [n.name for n in pool])
+        for name, extra in (extra_load or {}).items():
+            if name in loads:
+                loads[name] += extra
+        node = fallback_node(pool, loads)
+        if node is not None:
+            award = award.model_copy(update={"outcome": "fallback", "winner": node})
+        else:
+            skills = ", ".join(rfp.required_skills) or "any skill"
+            award = award.model_copy(update={"error": (
+                f"{award.error}; no live node with {skills} to fall back to")})
+    return award
 
 
 def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award) -> None:
@@ -275,63 +291,75 @@ def _commit_award(
             award, seen = decided
             if any(now_counts.get(n, 0) != seen.get(n, 0) for n in bidders):
                 return _Commit.STALE
-        target = states.ASSIGNED if award.winner is not None else states.FAILED
-        by_node = {s.node: s for s in award.scores}
-        counted: dict[str, Any] = {}
-        if write:
-            # The answers enter the log and the bids table, scored, before their award.
-            counted = {"bids_received": len(answers)}
-            journal.write(session, [answer_message(a, late=False) for a in answers])
-            # Stored as the award saw them: loads brought up to date with work awarded since.
-            fresh = {b.node: b for b in refresh_loads(
-                [a for a in answers if isinstance(a, Bid)], now_counts)}
-            rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
-                                  by_node, award.winner) for a in answers]
-            for inserted in insert_rows(session, _BIDS, rows, returning=("id", "is_winner")):
-                if inserted.is_winner:
-                    counted["winning_bid_id"] = inserted.id
-        winner_score = by_node[award.winner].total if award.winner in by_node else None
-        if award.winner is not None:
-            kind = journal.AWARDED
-            detail = {"outcome": award.outcome, "strategy": award.strategy,
-                      "score": winner_score, "closed_by": award.closed_by,
-                      "latency_ms": round((award.awarded_at - rfp.announced_at) * 1000, 3)}
-        else:
-            kind = journal.NO_AWARD
-            detail = {"error": award.error, "closed_by": award.closed_by}
-        if not transition(
-            session, rfp.task_id, target, kind=kind, from_states=(states.BIDDING,),
-            expect_attempt=rfp.attempt, message_node=award.winner, at=award.awarded_at,
-            detail=detail,
-            assigned_node=award.winner, awarded_at=award.awarded_at,
-            winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
-            error=award.error, finished_at=None if award.winner else award.awarded_at,
-            due_at=delivery_due(settings, rfp, award.awarded_at) if award.winner else None,
-            **counted,
-        ):
+        if not write_award(session, settings, rfp, answers, award, now_counts, write=write):
             return _Commit.LOST
-        if write:
-            return award
-        winning_bid_id = None
-        decided_on = {a.node for a in answers}
-        for row in session.scalars(select(BidRow).where(
-                BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
-                BidRow.late.is_(False))):
-            if row.node not in decided_on:
-                # Posted after the close read the board and before this transaction: the
-                # decision never saw it, so it is late, and can be no watchdog's next-best.
-                row.late = True
-                continue
-            for column, value in score_columns(row.node, row.will_bid, by_node,
-                                               award.winner).items():
-                setattr(row, column, value)
-            if row.is_winner:
-                winning_bid_id = row.id
-        if winning_bid_id is not None:
-            session.execute(update(AnnouncementRow)
-                            .where(AnnouncementRow.task_id == rfp.task_id)
-                            .values(winning_bid_id=winning_bid_id))
     return award
+
+
+def write_award(session: Session, settings: Settings, rfp: Announcement,
+                answers: Sequence[Bid | Refusal], award: Award, now_counts: dict[str, int],
+                *, write: bool) -> bool:
+    """Write ``award`` of ``rfp``'s open auction in ``session``: the scored answers (when
+    ``write``: they are not in the store yet) with their messages, and the compare-and-set of
+    the announcement to ASSIGNED or FAILED with its AWARDED or NO_AWARD message. False when
+    the auction was not open at ``rfp``'s attempt (someone else closed it)."""
+    target = states.ASSIGNED if award.winner is not None else states.FAILED
+    by_node = {s.node: s for s in award.scores}
+    counted: dict[str, Any] = {}
+    if write:
+        # The answers enter the log and the bids table, scored, before their award.
+        counted = {"bids_received": len(answers)}
+        journal.write(session, [answer_message(a, late=False) for a in answers])
+        # Stored as the award saw them: loads brought up to date with work awarded since.
+        fresh = {b.node: b for b in refresh_loads(
+            [a for a in answers if isinstance(a, Bid)], now_counts)}
+        rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
+                              by_node, award.winner) for a in answers]
+        for inserted in insert_rows(session, _BIDS, rows, returning=("id", "is_winner")):
+            if inserted.is_winner:
+                counted["winning_bid_id"] = inserted.id
+    winner_score = by_node[award.winner].total if award.winner in by_node else None
+    if award.winner is not None:
+        kind = journal.AWARDED
+        detail = {"outcome": award.outcome, "strategy": award.strategy,
+                  "score": winner_score, "closed_by": award.closed_by,
+                  "latency_ms": round((award.awarded_at - rfp.announced_at) * 1000, 3)}
+    else:
+        kind = journal.NO_AWARD
+        detail = {"error": award.error, "closed_by": award.closed_by}
+    if not transition(
+        session, rfp.task_id, target, kind=kind, from_states=(states.BIDDING,),
+        expect_attempt=rfp.attempt, message_node=award.winner, at=award.awarded_at,
+        detail=detail,
+        assigned_node=award.winner, awarded_at=award.awarded_at,
+        winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
+        error=award.error, finished_at=None if award.winner else award.awarded_at,
+        due_at=delivery_due(settings, rfp, award.awarded_at) if award.winner else None,
+        **counted,
+    ):
+        return False
+    if write:
+        return True
+    winning_bid_id = None
+    decided_on = {a.node for a in answers}
+    for row in session.scalars(select(BidRow).where(
+            BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
+            BidRow.late.is_(False))):
+        if row.node not in decided_on:
+            # Posted after the close read the board and before this transaction: the
+            # decision never saw it, so it is late, and can be no watchdog's next-best.
+            row.late = True
+            continue
+        for column, value in score_columns(row.node, row.will_bid, by_node,
+                                           award.winner).items():
+            setattr(row, column, value)
+        if row.is_winner:
+            winning_bid_id = row.id
+    if winning_bid_id is not None:
+        session.execute(update(AnnouncementRow)
+                        .where(AnnouncementRow.task_id == rfp.task_id)
+                        .values(winning_bid_id=winning_bid_id))
+    return True
 
 
 def score_columns(node: str, will_bid: bool, by_node: dict[str, Score],

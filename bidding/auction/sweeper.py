@@ -28,6 +28,7 @@ from celery import Celery
 from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.watchdog import check_winners
+from bidding.auction.writebehind import WRITER_PAUSE, Writer
 from bidding.config import Settings
 from bidding.execution.report import report_results
 from bidding.graphs.advance import advance_idle
@@ -77,6 +78,10 @@ class Sweeper:
         self.loops = [Periodic(f"bidding-sweeper-{name}", self.interval,
                                functools.partial(self.run, name), jitter=0.25)
                       for name in PHASES]
+        if settings.award_journal:
+            # The write-behind journal's writer: its read blocks until entries come.
+            self.loops.append(Periodic("bidding-journal-writer", WRITER_PAUSE,
+                                       Writer(settings, app).run))
 
     def interval(self) -> float:
         """Seconds until this node's next sweep of a phase."""

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from bidding.auction.board import get_board
+from bidding.auction.writebehind import settle
 from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
@@ -196,7 +197,15 @@ def explain(task_id: str, app: Celery | None = None, *,
     if database_url is None:
         if app is None:
             raise ConfigurationError("explain: pass app= or database_url=")
-        database_url = get_settings(app).database_url
+        settings = get_settings(app)
+        database_url = settings.database_url
+        if settings.award_journal:
+            # An award still in the write-behind journal is written now, so explain shows it.
+            try:
+                settle(settings, app, task_id)
+            except Exception as exc:  # the store's state is still worth showing
+                logger.warning("explain %s: its journal entry could not be written (%s)",
+                               task_id, exc)
     ensure_schema(database_url)
     with read_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id)

@@ -17,11 +17,11 @@ from celery.result import AsyncResult
 from sqlalchemy import delete, func, insert, select
 
 import bidding
-from bidding.auction.announce import row_values
 from bidding.auction.announcement import build_announcement
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.auction.board import RedisBoard, get_board
 from bidding.auction.close import close_auction
+from bidding.auction.opening import row_values
 from bidding.auction.proxy import PROXY_CLOSE
 from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, select, text
 
-from bidding.auction.announce import row_values
+from bidding.auction.opening import row_values
 from bidding.config import Settings
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement

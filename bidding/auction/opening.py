@@ -1,0 +1,40 @@
+"""A new announcement's row and its ANNOUNCED message: written by the caller's transaction,
+or later by the write-behind journal (``auction.writebehind``) from the same values."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from sqlalchemy import Table, insert
+from sqlalchemy.orm import Session
+
+from bidding.lifecycle import journal, states
+from bidding.models import Announcement
+from bidding.store.schema import Announcement as AnnouncementRow
+
+
+def row_values(rfp: Announcement, state: str, candidates: list[str], *,
+               due_at: float | None = None) -> dict[str, Any]:
+    """The announcements-table columns of ``rfp`` in ``state``."""
+    return {
+        "task_id": rfp.task_id, "task_name": rfp.task_name, "task_type": rfp.task_type,
+        "content": rfp.content, "required_skills": rfp.required_skills,
+        "preferred_node": rfp.preferred_node, "priority": rfp.priority,
+        "deadline": rfp.deadline, "budget": rfp.budget, "strategy": rfp.strategy,
+        "spec": rfp.model_dump(mode="json"), "state": state, "attempt": rfp.attempt,
+        "candidates": candidates, "expected_bids": len(candidates),
+        "announced_at": rfp.announced_at, "closes_at": rfp.announced_at + rfp.window,
+        "due_at": due_at,
+    }
+
+
+_INSERT_ANNOUNCEMENT = insert(cast(Table, AnnouncementRow.__table__))
+
+
+def record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:
+    """Write a new announcement, open for bids, and its ANNOUNCED message."""
+    # Core statements: the caller's path is the hottest in a burst.
+    session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, states.BIDDING, candidates))
+    journal.write(session, [journal.message(
+        rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
+        task_type=rfp.task_type, candidates=candidates, required_skills=rfp.required_skills)])
