@@ -66,6 +66,8 @@ class SoakConfig:
     timeout: float = 900.0
     seed: int = 1
     concurrency: int = 2
+    #: 1: awards go through the write-behind journal (``bidding_award_journal``).
+    award_journal: int = 0
 
     @property
     def submit_seconds(self) -> float:
@@ -85,6 +87,8 @@ class SoakResult:
     protocol: CheckReport | None = None
     seconds: float = 0.0
     settle_seconds: float = 0.0
+    #: Awards the callers appended to the write-behind journal (its stream's entries-added).
+    journaled: int | None = None
 
 
 @contextmanager
@@ -116,7 +120,8 @@ def _soak(config: SoakConfig, folder: Path, broker: PrivateRedis,
     # The soak's app reads these as it is imported and as its settings load; they are put back
     # afterwards (a test process goes on with other stores).
     soak_env = {"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
-                "BIDDING_DATABASE_URL": database_url}
+                "BIDDING_DATABASE_URL": database_url,
+                "BIDDING_AWARD_JOURNAL": "1" if config.award_journal else "0"}
     saved = {k: os.environ.get(k) for k in soak_env}
     os.environ.update(soak_env)
     try:
@@ -186,6 +191,7 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
         store, journal, unfinished = _read_store(database_url,
                                                  [s.task_id for s in submitted])
         protocol = check_log(database_url)
+        journaled = _journaled(settings, app)
     finally:
         chaos.stop()
         federation.stop()
@@ -202,7 +208,21 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                       faults=[f"{f.kind} {f.node or f.detail} at +{f.at - started:.1f}s"
                               for f in chaos.faults],
                       chaos_errors=chaos.errors, seconds=time.time() - started,
-                      settle_seconds=settle_seconds)
+                      settle_seconds=settle_seconds, journaled=journaled)
+
+
+def _journaled(settings: Any, app: Any) -> int | None:
+    """How many awards entered the write-behind journal (None when it is off)."""
+    from bidding.auction.writebehind import get_journal
+
+    journal = get_journal(settings, app)
+    if journal is None:
+        return None
+    try:
+        info = journal.client.xinfo_stream(journal.stream)
+    except Exception:  # no stream: nothing was ever journaled
+        return 0
+    return int(info.get("entries-added", 0))
 
 
 def _spread(count: int, window: float, first: float) -> list[float]:
@@ -294,6 +314,9 @@ def report(result: SoakResult) -> str:
         f"{v.interrupted_runs}",
         "- journal: " + ", ".join(f"{k} {v.journal[k]}" for k in (
             "REAWARDED", "RETRYING", "WORKER_LOST", "RESENT", "SEND_FAILED", "DEFERRED")),
+        *([] if result.journaled is None else [
+            f"- awards written behind (bidding_award_journal): {result.journaled} went "
+            "through the journal's stream"]),
         f"- took {result.seconds:.0f} s ({c.submit_seconds:.0f} s of submission at "
         f"{c.rate:g}/s; the last outcome {result.settle_seconds:.1f} s after it)",
         f"- protocol checker: {_protocol(result.protocol)}",

@@ -244,9 +244,9 @@ def _award_behind(app: Celery, settings: Settings, rfp: Announcement,
     by_name = {node.name: node for node in live}
     try:
         award = award_behind(settings, app, rfp, [by_name[name] for name in candidates])
-    except Exception:
-        logger.exception("journaling the award of %s failed; writing it to the store instead",
-                         rfp.task_id)
+    except Exception as exc:  # Redis restarting, say: the store's path still awards it
+        logger.warning("journaling the award of %s failed (%s: %s); writing it to the store "
+                       "instead", rfp.task_id, type(exc).__name__, exc)
         return False
     if award is None:
         return False

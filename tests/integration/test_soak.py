@@ -7,6 +7,7 @@ completion; and the protocol checker must find every task's message log in order
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,5 +68,38 @@ def test_a_short_chaos_soak_on_sqlite_loses_nothing(tmp_path: Path) -> None:
     # and the protocol checker finds every task's log in order
     assert done.returncode == 0, report_text
     assert "3 SIGKILL + restart, 1 broker restart" in done.stdout, report_text
+    assert "every one keeps the protocol" in done.stdout, report_text
+    assert "- verdict: held" in done.stdout, report_text
+
+
+@pytest.mark.timeout(330)
+@pytest.mark.parametrize("store", ["postgresql", "sqlite"])
+def test_a_short_chaos_soak_through_the_award_journal_loses_nothing(
+    tmp_path: Path, store: str,
+) -> None:
+    # given the same soak with every new task's award written behind (bidding_award_journal:
+    # the caller awards into a Redis stream, the node workers write it to the store), in a
+    # process of its own
+    if store == "postgresql":
+        try:
+            sa.create_engine(POSTGRES).connect().close()
+            reachable, reason = True, ""
+        except Exception as exc:
+            reachable, reason = False, str(exc).splitlines()[0]
+        require("PostgreSQL", reachable, f"{POSTGRES}: {reason}")
+    command = [sys.executable, str(ROOT / "bench" / "soak.py"), "--tasks", "100",
+               "--nodes", "4", "--rate", "6", "--kills", "3", "--kill-every", "4",
+               "--broker-restarts", "1", "--store-restarts", "0", "--timeout", "240",
+               "--store", store, "--award-journal", "1", "--folder", str(tmp_path)]
+    # when three workers are killed and restarted and the broker restarts meanwhile
+    done = subprocess.run(command, capture_output=True, text=True, timeout=320, cwd=ROOT)
+    report_text = done.stdout + done.stderr[-3000:]
+    # then most awards went through the journal, every accepted task is right in the store
+    # and at its caller, and the protocol checker finds every task's log in order
+    assert done.returncode == 0, report_text
+    assert "3 SIGKILL + restart, 1 broker restart" in done.stdout, report_text
+    journaled = re.search(r"awards written behind \(bidding_award_journal\): (\d+)",
+                          done.stdout)
+    assert journaled is not None and int(journaled.group(1)) >= 50, report_text
     assert "every one keeps the protocol" in done.stdout, report_text
     assert "- verdict: held" in done.stdout, report_text
