@@ -220,7 +220,7 @@ def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,
 
 def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
                     live: Sequence[LiveNode], candidates: Sequence[str],
-                    opening: Callable[[Session], None] | None = None) -> bool:
+                    opening: Callable[[Session], object] | None = None) -> bool:
     """Bid for the candidates and award now (``proxy``), then route the award. False,
     with the error logged, when no award could be committed: the caller then asks the
     candidates, so the auction still runs."""

@@ -112,7 +112,7 @@ def award_answers(
     closed_by: str,
     candidates: int,
     write: bool,
-    opening: Callable[[Session], None] | None = None,
+    opening: Callable[[Session], object] | None = None,
 ) -> Award | None:
     """Decide ``rfp``'s auction on ``answers`` and commit the award (not routed yet); None when
     someone else closed it first or its row never appeared.
@@ -248,7 +248,7 @@ def _commit_award(
     answers: Sequence[Bid | Refusal] | AnswersInside,
     write: bool,
     decided: tuple[Award, dict[str, int]] | None,
-    opening: Callable[[Session], None] | None = None,
+    opening: Callable[[Session], object] | None = None,
     lock: Sequence[str] | None = None,
 ) -> Award | _Commit:
     """Write the award if the auction is still open (compare-and-set on its state).

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement
+from bidding.store.once import insert_once
 from bidding.store.schema import Announcement as AnnouncementRow
 
 
@@ -28,13 +29,23 @@ def row_values(rfp: Announcement, state: str, candidates: list[str], *,
     }
 
 
-_INSERT_ANNOUNCEMENT = insert(cast(Table, AnnouncementRow.__table__))
+_ANNOUNCEMENTS = cast(Table, AnnouncementRow.__table__)
+_INSERT_ANNOUNCEMENT = insert(_ANNOUNCEMENTS)
 
 
-def record_new(session: Session, rfp: Announcement, candidates: list[str]) -> None:
-    """Write a new announcement, open for bids, and its ANNOUNCED message."""
-    # Core statements: the caller's path is the hottest in a burst.
-    session.execute(_INSERT_ANNOUNCEMENT, row_values(rfp, states.BIDDING, candidates))
+def record_new(session: Session, rfp: Announcement, candidates: list[str], *,
+               once: bool = False) -> bool:
+    """Write a new announcement, open for bids, and its ANNOUNCED message. ``once``: unless
+    its row exists (written by another writer of the same journal entry, committed meanwhile
+    or waited for); False when it did."""
+    values = row_values(rfp, states.BIDDING, candidates)
+    if once:
+        if not insert_once(session, _ANNOUNCEMENTS, values, report=True):
+            return False
+    else:
+        # Core statements: the caller's path is the hottest in a burst.
+        session.execute(_INSERT_ANNOUNCEMENT, values)
     journal.write(session, [journal.message(
         rfp.task_id, journal.ANNOUNCED, attempt=rfp.attempt, at=rfp.announced_at,
         task_type=rfp.task_type, candidates=candidates, required_skills=rfp.required_skills)])
+    return True

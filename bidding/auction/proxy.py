@@ -112,7 +112,7 @@ def post_proxy_answers(settings: Settings, app: Celery, rfp: Announcement,
 
 def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
                    candidates: Sequence[LiveNode],
-                   opening: Callable[[Session], None] | None = None) -> Award | None:
+                   opening: Callable[[Session], object] | None = None) -> Award | None:
     """Make the candidates' bids for ``rfp`` and commit its award (``award.route_award``
     sends it). Its row is stored in state BIDDING already, or written by ``opening`` in the
     award's own transaction. None when another closer was first.

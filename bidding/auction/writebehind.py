@@ -322,7 +322,9 @@ def _write(settings: Settings, entries: Sequence[Entry]) -> int:
             if entry.rfp.task_id in present:
                 continue
             present.add(entry.rfp.task_id)
-            record_new(session, entry.rfp, entry.candidates)
+            # Once: a winner writing its own entry (settle) may have committed it since.
+            if not record_new(session, entry.rfp, entry.candidates, once=True):
+                continue
             if not write_award(session, settings, entry.rfp, entry.answers, entry.award,
                                entry.counts, write=True):
                 raise AssertionError(f"{entry.rfp.task_id}: a new announcement was not open")
