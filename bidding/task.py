@@ -33,7 +33,7 @@ from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.board import history_changed
 from bidding.auction.task_options import check_task_class
-from bidding.auction.writebehind import settle, wait_written
+from bidding.auction.writebehind import WINNER_WAIT, settle, wait_written
 from bidding.config import get_settings
 from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
@@ -251,7 +251,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 def _settle(settings: Any, app: Any, task_id: str) -> None:
     """Write the task's award if it is still only in the write-behind journal."""
     try:
-        settle(settings, app, task_id)
+        settle(settings, app, task_id, wait=WINNER_WAIT)
     except Exception as exc:  # begin then waits for a writer (wait_written)
         logger.warning("task %s: writing its journaled award failed (%s)", task_id, exc)
 

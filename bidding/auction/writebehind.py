@@ -60,6 +60,8 @@ BATCH = 100
 BLOCK_MS = 500
 #: Seconds between two passes of a writer's loop that found nothing (its read blocks anyway).
 WRITER_PAUSE = 0.01
+#: Seconds a winner waits for a writer to write its task's entry before it writes it itself.
+WINNER_WAIT = 0.05
 
 # KEYS: the pending hash, the stream, the winner's reservations (any key when none).
 # ARGV: task id, entry JSON, 1 when there is a winner, the reservations expected on it
@@ -332,12 +334,26 @@ def _write(settings: Settings, entries: Sequence[Entry]) -> int:
     return written
 
 
-def settle(settings: Settings, app: Celery, task_id: str) -> bool:
+def settle(settings: Settings, app: Celery, task_id: str, *, wait: float = 0.0) -> bool:
     """Write ``task_id``'s entry now if it is still only in the journal (its winner, before it
-    starts; ``explain`` and ``status``, so that they show the award). True when it was."""
+    starts; ``explain``, so that it shows the award). True when it was written here.
+
+    ``wait``: seconds to give a writer that is writing it first. A writer takes an entry the
+    moment it is appended, while the execution is still on its way to the winner, so the
+    winner usually finds it written, or being written, and waits rather than writing it too.
+    """
     journal = get_journal(settings, app)
     if journal is None:
         return False
+    deadline = time.monotonic() + wait
+    pause = 0.0005
+    while journal.client.hexists(journal.pending, task_id):
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.005)
+    else:
+        return False  # not (or no longer) in the journal: in the store
     (entry,) = journal.entries([task_id])
     if entry is None:
         return False
