@@ -188,6 +188,17 @@ def _breakdown_text(breakdown: dict[str, Any]) -> str:
     return " ".join(p for p in (terms, mult, f"({reason})" if reason else "") if p)
 
 
+def _settle(app: Celery, database_url: str, task_id: str) -> None:
+    """An award still in the write-behind journal is written now, so explain shows it."""
+    settings = get_settings(app)
+    if not settings.award_journal or settings.database_url != database_url:
+        return
+    try:
+        settle(settings, app, task_id)
+    except Exception as exc:  # the store's state is still worth showing
+        logger.warning("explain %s: its journal entry could not be written (%s)", task_id, exc)
+
+
 def explain(task_id: str, app: Celery | None = None, *,
             database_url: str | None = None) -> Explanation:
     """The award of ``task_id``: all bids with their scores, the winner, the strategy, timings.
@@ -197,16 +208,10 @@ def explain(task_id: str, app: Celery | None = None, *,
     if database_url is None:
         if app is None:
             raise ConfigurationError("explain: pass app= or database_url=")
-        settings = get_settings(app)
-        database_url = settings.database_url
-        if settings.award_journal:
-            # An award still in the write-behind journal is written now, so explain shows it.
-            try:
-                settle(settings, app, task_id)
-            except Exception as exc:  # the store's state is still worth showing
-                logger.warning("explain %s: its journal entry could not be written (%s)",
-                               task_id, exc)
+        database_url = get_settings(app).database_url
     ensure_schema(database_url)
+    if app is not None:
+        _settle(app, database_url, task_id)
     with read_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None:
