@@ -299,9 +299,10 @@ _PRESENT = select(AnnouncementRow.task_id).where(
 
 
 def write_entries(settings: Settings, entries: Sequence[Entry]) -> int:
-    """Write ``entries`` to the store, skipping those there already (idempotent); returns how
-    many were written here. One transaction, or one per entry when another writer (a winner
-    settling its own) wrote one of them meanwhile."""
+    """Write ``entries`` to the store, skipping those there already (idempotent: each one's
+    announcement is inserted once, and the rest only with it); returns how many were written
+    here. One transaction, or (on another database, should one fail on a duplicate anyway)
+    one per entry."""
     if not entries:
         return 0
     try:
@@ -317,14 +318,13 @@ def write_entries(settings: Settings, entries: Sequence[Entry]) -> int:
 
 def _write(settings: Settings, entries: Sequence[Entry]) -> int:
     with write_session(settings.database_url) as session:
-        present = set(session.execute(
-            _PRESENT, {"ids": [e.rfp.task_id for e in entries]}).scalars())
+        seen: set[str] = set()
         written = 0
         for entry in entries:
-            if entry.rfp.task_id in present:
+            if entry.rfp.task_id in seen:
                 continue
-            present.add(entry.rfp.task_id)
-            # Once: a winner writing its own entry (settle) may have committed it since.
+            seen.add(entry.rfp.task_id)
+            # Once: written before (a replay), or by a winner writing its own (settle).
             if not record_new(session, entry.rfp, entry.candidates, once=True):
                 continue
             if not write_award(session, settings, entry.rfp, entry.answers, entry.award,
