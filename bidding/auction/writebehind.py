@@ -5,16 +5,16 @@ read of the bidders' state; what the award's transaction wrote (the announcement
 bids, the award and their messages) goes instead into a Redis stream, in one Lua call that
 also reserves the winner, and the caller sends the execution at once. The node workers'
 writers (one loop each, a consumer group) write the entries to the store in batches, one
-transaction per batch, and acknowledge them after its commit; the winner writes its own
-entry before it starts, if no writer has yet (``settle``). docs/architecture.md section 19
-lists the invariants and the crash points; in short:
+transaction per batch, and acknowledge them after its commit; the winner waits for its
+entry's row before it starts, and writes it itself if no writer has (``settle``).
+docs/architecture.md section 19a lists the invariants and the crash points; in short:
 
 - The Lua call is the award: the task, its bids and its winner are in Redis (the ``pending``
   hash and the stream) or in the store, never neither, and nothing else can award the task
   until it is in the store (it has a fresh id: no other closer knows it).
-- Writing is idempotent: an entry whose announcement row exists is skipped, so a batch
-  replayed after a writer was killed between its commit and its acknowledgement, or an entry
-  a winner wrote first, is written once.
+- Writing is idempotent: an entry's announcement is inserted once and the rest only with it,
+  so a batch replayed after a writer was killed between its commit and its acknowledgement,
+  or an entry a winner wrote first, is written once.
 - Reservations: the winner's task id is in its Redis set from the award until its entry is in
   the store, and the next award counts it; the set is read before the store, so an award may
   count a task twice for a moment, never not at all. The compare-and-set on the winner's set
