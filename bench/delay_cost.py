@@ -1,6 +1,6 @@
 """What one ``.delay()`` of a bidding task costs its caller, per store, with no worker running.
 
-    .venv/bin/python bench/delay_cost.py [--store sqlite|URL] [--nodes 16] [--samples 300]
+    .venv/bin/python bench/delay_cost.py [--store sqlite|postgres|URL] [--nodes 16] [--samples 300]
 
 It registers ``--nodes`` node rows (heartbeats, published profiles) in a fresh store, then
 announces ``--samples`` no-op tasks in "auto" bid mode: each is bid for by proxy and awarded in
@@ -16,7 +16,6 @@ import argparse
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -32,14 +31,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=300)
     parser.add_argument("--broker", default="redis://127.0.0.1:6379/9")
     args = parser.parse_args()
-    from bench.common.postgres import scratch_database
+    from bench.common.postgres import scratch_store
 
-    if args.store == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            run(args, f"sqlite:///{tmp}/micro.db")
-    else:
-        with scratch_database(args.store, "bidding_delay_cost") as url:
-            run(args, url)
+    with scratch_store(args.store, "bidding_delay_cost") as url:
+        run(args, url)
 
 
 def run(args: argparse.Namespace, url: str) -> None:

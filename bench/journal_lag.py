@@ -1,6 +1,6 @@
 """How long an award written behind (``bidding_award_journal``) takes to reach the store.
 
-    .venv/bin/python bench/journal_lag.py [--store sqlite|URL] [--nodes 16] [--samples 200]
+    .venv/bin/python bench/journal_lag.py [--store sqlite|postgres|URL] [--nodes 16] [--samples 200]
                                           [--writers 2] [--burst 500]
 
 It registers ``--nodes`` node rows in a fresh store and starts ``--writers`` writer processes
@@ -23,7 +23,6 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,16 +45,10 @@ def main() -> None:
     if args.writer:
         write_forever(args.writer, args.broker)
         return
-    from bench.common.postgres import LOCAL_SERVER, scratch_database
+    from bench.common.postgres import scratch_store
 
-    if args.store in ("postgres", "postgresql"):
-        args.store = LOCAL_SERVER
-    if args.store == "sqlite":
-        with tempfile.TemporaryDirectory() as tmp:
-            run(args, f"sqlite:///{tmp}/lag.db")
-    else:
-        with scratch_database(args.store, "bidding_journal_lag") as url:
-            run(args, url)
+    with scratch_store(args.store, "bidding_journal_lag") as url:
+        run(args, url)
 
 
 def make_app(url: str, broker: str) -> Any:

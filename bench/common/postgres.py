@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 
@@ -37,3 +38,16 @@ def scratch_database(server_url: str, prefix: str) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@contextlib.contextmanager
+def scratch_store(store: str, prefix: str) -> Iterator[str]:
+    """A fresh store for one run: ``"sqlite"`` (a file in a temporary folder), ``"postgres"``
+    (a scratch database on the local server) or a PostgreSQL server URL; yields its URL."""
+    if store == "sqlite":
+        with tempfile.TemporaryDirectory() as tmp:
+            yield f"sqlite:///{tmp}/{prefix}.db"
+        return
+    with scratch_database(LOCAL_SERVER if store in ("postgres", "postgresql") else store,
+                          prefix) as url:
+        yield url

@@ -412,8 +412,10 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     finally:
         get_engine(store_url).dispose()
 
-    # When the user lists the nodes
-    listed = run_cli("nodes", "--database-url", store_url)
+    # When the user lists the nodes (a TTL of 120 s: under load, starting the command may take
+    # longer than the default 10 s, and the node would be stale by then)
+    listed = run_cli("nodes", "--database-url", store_url,
+                     env=clean_env(BIDDING_HEARTBEAT_TTL="120"))
 
     # Then tpm is shown under a header with its capacity, trust and capabilities; with no
     # record yet, its learned trust is its declared trust

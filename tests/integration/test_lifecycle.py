@@ -376,16 +376,17 @@ def test_progress_is_recorded_and_shown(nodes: Cluster) -> None:
 def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     nodes: Cluster,
 ) -> None:
-    # given every execution slot busy for 10 s (three nodes, two slots each: two blockers sent
-    # to each node, whatever the nodes' records from earlier tests would make them bid; 10 s
-    # so that on a slow machine the first still runs when the last starts)
+    # given every execution slot busy for 20 s (three nodes, two slots each: two blockers sent
+    # to each node, whatever the nodes' records from earlier tests would make them bid; 20 s
+    # so that on a slow machine the first still runs when the last starts: a CI run with a
+    # chaos soak beside it once took more than 10 s to start all six)
     busy = fresh_type()
-    blockers = [steps.apply_async((10, 1.0), bidding={
+    blockers = [steps.apply_async((20, 1.0), bidding={
         "task_type": busy, "preferred_node": node, "strategy": "preferred_only"})
         for node in NODES for _ in range(2)]
-    # (30 s: on a slow machine an earlier test's tasks may still hold a slot for a while)
+    # (40 s: on a slow machine an earlier test's tasks may still hold a slot for a while)
     assert wait_for(lambda: sum(state_of(nodes, b.id) == "EXECUTING" for b in blockers) == 6,
-                    30)
+                    40)
     # when a task with a deadline 2 s away is announced: it is awarded, and waits in a queue
     key = f"late-{time.time()}"
     result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0,
@@ -402,7 +403,7 @@ def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
         assert sum(e.total for e in s.scalars(
             select(LedgerEntry).where(LedgerEntry.task_id == result.id))) == 0.0
     for b in blockers:
-        b.get(timeout=30)
+        b.get(timeout=40)
 
 
 def test_an_execution_message_for_a_task_the_store_does_not_know_is_dropped(

@@ -23,16 +23,21 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 
-# The soak waits up to its own timeout (240 s) for a lost caller, then reports the task with
-# its state in the store: pytest's default (120 s) would cut that report off.
-@pytest.mark.timeout(330)
-def test_a_short_chaos_soak_loses_nothing(tmp_path: Path) -> None:
+def require_postgres() -> None:
+    """Skip (or fail, under CI=true) when the soak's PostgreSQL server is not reachable."""
     try:
         sa.create_engine(POSTGRES).connect().close()
         reachable, reason = True, ""
     except Exception as exc:
         reachable, reason = False, str(exc).splitlines()[0]
     require("PostgreSQL", reachable, f"{POSTGRES}: {reason}")
+
+
+# The soak waits up to its own timeout (240 s) for a lost caller, then reports the task with
+# its state in the store: pytest's default (120 s) would cut that report off.
+@pytest.mark.timeout(330)
+def test_a_short_chaos_soak_loses_nothing(tmp_path: Path) -> None:
+    require_postgres()
     # given 100 tasks at 6 a second over 4 nodes, every 10th failing on purpose
     config = SoakConfig(tasks=100, nodes=4, rate=6.0, kills=3, kill_every=4.0,
                         broker_restarts=1, store_restarts=0, timeout=240.0)
@@ -81,12 +86,7 @@ def test_a_short_chaos_soak_through_the_award_journal_loses_nothing(
     # the caller awards into a Redis stream, the node workers write it to the store), in a
     # process of its own
     if store == "postgresql":
-        try:
-            sa.create_engine(POSTGRES).connect().close()
-            reachable, reason = True, ""
-        except Exception as exc:
-            reachable, reason = False, str(exc).splitlines()[0]
-        require("PostgreSQL", reachable, f"{POSTGRES}: {reason}")
+        require_postgres()
     command = [sys.executable, str(ROOT / "bench" / "soak.py"), "--tasks", "100",
                "--nodes", "4", "--rate", "6", "--kills", "3", "--kill-every", "4",
                "--broker-restarts", "1", "--store-restarts", "0", "--timeout", "240",
