@@ -412,10 +412,10 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     finally:
         get_engine(store_url).dispose()
 
-    # When the user lists the nodes (a TTL of 120 s: under load, starting the command may take
-    # longer than the default 10 s, and the node would be stale by then)
-    listed = run_cli("nodes", "--database-url", store_url,
-                     env=clean_env(BIDDING_HEARTBEAT_TTL="120"))
+    # When the user lists the nodes (with a TTL of 120 s: under load, starting the commands
+    # below took longer than the default 10 s, and the node was stale by the last one)
+    fresh = clean_env(BIDDING_HEARTBEAT_TTL="120")
+    listed = run_cli("nodes", "--database-url", store_url, env=fresh)
 
     # Then tpm is shown under a header with its capacity, trust and capabilities; with no
     # record yet, its learned trust is its declared trust
@@ -434,7 +434,7 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     conn.close()
 
     # When the user lists the nodes again
-    learned = run_cli("nodes", "--database-url", store_url)
+    learned = run_cli("nodes", "--database-url", store_url, env=fresh)
 
     # Then the declared trust is unchanged and the learned one, which its bids carry, has
     # moved toward its success rate: (85 x 10 + 100 x 1) / (10 + 4) = 67.9
@@ -443,7 +443,7 @@ def test_nodes_lists_only_nodes_with_a_fresh_heartbeat(store_url: str) -> None:
     assert row.split()[:5] == ["tpm", "2", "85.0", "67.9", "4"], shown(learned)
 
     # When the user asks for JSON
-    as_json = run_cli("nodes", "--database-url", store_url, "--json")
+    as_json = run_cli("nodes", "--database-url", store_url, "--json", env=fresh)
 
     # Then it parses, with tpm's profile
     assert as_json.returncode == 0, shown(as_json)
