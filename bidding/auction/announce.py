@@ -252,7 +252,10 @@ def _award_behind(app: Celery, settings: Settings, rfp: Announcement,
         return False
     if award.winner is None:
         # Failing the caller also writes the error to the task's row: write it now (rare).
-        settle(settings, app, rfp.task_id)
+        try:
+            settle(settings, app, rfp.task_id)
+        except Exception as exc:  # a writer writes the row; the caller still gets its error
+            logger.warning("task %s: writing its journaled award failed (%s)", rfp.task_id, exc)
     route_award(app, settings, rfp, award)
     return True
 

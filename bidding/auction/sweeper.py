@@ -11,6 +11,9 @@
    that failed outside any worker (no bids, a watchdog), or whose node died between its end
    and announcing what it made ready.
 
+With ``bidding_award_journal`` on, a sixth loop writes the write-behind journal's awards to
+the store (``writebehind.Writer``).
+
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
 compare-and-set. On a node each phase runs on a loop of its own (``Sweeper``), so one that
