@@ -106,11 +106,14 @@ def test_delay_awards_through_the_journal_and_explain_shows_it(journaled: Cluste
 
 def test_concurrent_awards_spread_over_the_nodes(journaled: Cluster) -> None:
     # given three idle nodes of 4 slots each, whose journaled awards are reserved in Redis
-    # when nine tasks are announced at once
+    # when nine tasks of a second each are announced at once
     results = [shared.delay(i, 1.0) for i in range(9)]
     nodes = Counter(r.get(timeout=30)["node"] for r in results)
-    # then each node got three: every award counted the ones made before it
-    assert nodes == Counter({n: 3 for n in NODES}), nodes
+    # then they spread: every node got some and none more than its four slots (each award
+    # counted the ones before it; an exact 3/3/3 is not promised: the nodes' records from
+    # the module's earlier tasks weigh in the scores too). The exact count of reservations
+    # without the store is test_awards_in_the_journal_count_against_their_winners_...
+    assert set(nodes) == set(NODES) and max(nodes.values()) <= 4, nodes
 
 
 def test_a_caller_killed_after_its_award_still_gets_its_task_run(journaled: Cluster) -> None:
