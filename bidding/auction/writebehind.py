@@ -37,7 +37,6 @@ from typing import Any
 import redis
 from celery import Celery
 from sqlalchemy import bindparam, select
-from sqlalchemy.exc import IntegrityError
 
 from bidding.auction.award import RESERVATION_TRIES, decide_award, strategy_of, write_award
 from bidding.auction.board import RedisBoard, get_board, parse_answer
@@ -299,24 +298,11 @@ _PRESENT = select(AnnouncementRow.task_id).where(
 
 
 def write_entries(settings: Settings, entries: Sequence[Entry]) -> int:
-    """Write ``entries`` to the store, skipping those there already (idempotent: each one's
-    announcement is inserted once, and the rest only with it); returns how many were written
-    here. One transaction, or (on another database, should one fail on a duplicate anyway)
-    one per entry."""
+    """Write ``entries`` to the store in one transaction, skipping those there already
+    (idempotent: each one's announcement is inserted once, ``store.once``, and the rest only
+    with it); returns how many were written here."""
     if not entries:
         return 0
-    try:
-        return _write(settings, entries)
-    except IntegrityError:
-        written = 0
-        for entry in entries:
-            # An IntegrityError now: written by another writer since we looked.
-            with contextlib.suppress(IntegrityError):
-                written += _write(settings, [entry])
-        return written
-
-
-def _write(settings: Settings, entries: Sequence[Entry]) -> int:
     with write_session(settings.database_url) as session:
         seen: set[str] = set()
         written = 0
