@@ -62,6 +62,8 @@ class SoakConfig:
     store_restarts: int = 1
     store_down: float = 3.0
     store_mode: str = "database"
+    #: Seconds between severings of every connection to the store (PostgreSQL only); 0 = never.
+    sever_every: float = 0.0
     store: str = "postgresql"
     timeout: float = 900.0
     seed: int = 1
@@ -156,8 +158,7 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
     federation = Federation(
         app="bench.chaos.app", log_dir=folder / "logs", concurrency=config.concurrency,
         cwd=ROOT, env={"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
-                       "BIDDING_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT),
-                       "BIDDING_HEARTBEAT_INTERVAL": "1"})
+                       "BIDDING_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)})
     window = config.submit_seconds
     kills = config.kills if config.kills is not None else max(0, int(window // config.kill_every))
     plan = Plan(kill_every=config.kill_every, kills=kills, pause=config.pause,
@@ -165,7 +166,8 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                 broker_down=config.broker_down,
                 store_at=(_spread(config.store_restarts, window, 0.7)
                           if config.store == "postgresql" else []),
-                store_down=config.store_down, store_mode=config.store_mode)
+                store_down=config.store_down, store_mode=config.store_mode,
+                sever_every=config.sever_every if config.store == "postgresql" else 0.0)
     lock = threading.Lock()
 
     def restart(node: str, pause: float) -> float:
@@ -340,7 +342,8 @@ def _protocol(protocol: CheckReport | None) -> str:
 
 def _fault_counts(faults: list[str]) -> str:
     counts = Counter(f.split()[0] for f in faults)
-    names = {"kill": "SIGKILL + restart", "broker": "broker restart", "store": "store restart"}
+    names = {"kill": "SIGKILL + restart", "broker": "broker restart", "store": "store restart",
+             "sever": "severing of every store connection"}
     return ", ".join(f"{n} {names.get(k, k)}" for k, n in counts.items()) or "none"
 
 

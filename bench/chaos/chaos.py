@@ -42,6 +42,10 @@ class Plan:
     #: "server" restarts PostgreSQL itself (pg_ctlcluster, as root); "database" makes the
     #: soak's database refuse connections and ends the open ones (no other database is touched).
     store_mode: str
+    #: Seconds between severings of every connection to the soak's database
+    #: (``pg_terminate_backend``, new connections still accepted: what a failover, a PgBouncer
+    #: restart or an idle timeout does to a pool); 0 = never.
+    sever_every: float = 0.0
 
 
 @dataclass
@@ -59,17 +63,45 @@ class Chaos:
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _severer: threading.Thread | None = None
 
     def start(self) -> None:
         """Start causing faults, on the plan's clock from now."""
         self._thread = threading.Thread(target=self._run, name="soak-chaos", daemon=True)
         self._thread.start()
+        if self.plan.sever_every > 0:
+            self._severer = threading.Thread(target=self._sever, name="soak-sever", daemon=True)
+            self._severer.start()
 
     def stop(self) -> None:
         """Stop before the next fault, and wait for the current one to end."""
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=120)
+        for thread in (self._thread, self._severer):
+            if thread is not None:
+                thread.join(timeout=120)
+
+    def severed(self) -> int:
+        """How many connections the severer ended."""
+        return sum(int(f.detail) for f in self.faults if f.kind == "sever")
+
+    def _sever(self) -> None:
+        """End every connection to the soak's database every ``sever_every`` seconds."""
+        name = sa.engine.make_url(self.database_url).database
+        admin = sa.create_engine(self.admin_url, isolation_level="AUTOCOMMIT",
+                                 pool_pre_ping=True)
+        try:
+            while not self._stop.wait(self.plan.sever_every):
+                try:
+                    with admin.connect() as conn:
+                        ended = conn.execute(sa.text(
+                            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = :name AND pid <> pg_backend_pid()"),
+                            {"name": name}).scalar_one()
+                    self.faults.append(Fault("sever", time.time(), detail=str(ended)))
+                except Exception as exc:  # reported, and the next severing is tried
+                    self.errors.append(f"sever: {type(exc).__name__}: {exc}")
+        finally:
+            admin.dispose()
 
     def kills(self) -> list[tuple[str, float]]:
         """(node, when) of every kill."""
