@@ -94,16 +94,19 @@ class Settings(BaseModel):
     heartbeat_interval: float = Field(2.0, gt=0)
     #: A node whose last heartbeat is older than this many seconds is not a candidate.
     heartbeat_ttl: float = Field(10.0, gt=0)
-    #: Seconds a node that went offline without stopping (its broker connection lost, its
-    #: consumer restarting) still counts as coming back: a task no live node can do while
-    #: such a node offers its skills waits for it (re-announced every heartbeat interval)
-    #: instead of failing with "No bidders registered". 0 fails at once.
+    #: Seconds a node that stopped being live without stopping cleanly (its worker lost the
+    #: broker and is reconnecting, its heartbeats stopped reaching the store, it was killed
+    #: and is being restarted) still counts as coming back, from when it stopped being live
+    #: (a heartbeat TTL after its last heartbeat): a task no live node can do while such a
+    #: node offers its skills waits for it (re-announced every heartbeat interval) instead
+    #: of failing with "No bidders registered". 0 fails at once.
     liveness_grace: float = Field(10.0, ge=0, le=3600)
     #: Times an auction none of whose candidates answered (their workers restarting or
     #: reconnecting, a node killed before its heartbeat expired) is announced again, a
     #: heartbeat interval later, before it fails with "No bids received". 0 fails at once.
     silent_rounds: int = Field(2, ge=0, le=20)
-    #: Seconds a producer caches the list of live nodes.
+    #: Seconds a producer caches the list of live nodes (an auction that finds no candidate
+    #: in the cached list reads it again before it concludes anything).
     live_cache_seconds: float = Field(1.0, ge=0)
     #: Threads per node worker that answer bid requests (in the main process, never queued
     #: behind executions).

@@ -8,7 +8,6 @@ With no capable live node the task is deferred or escalated, as its fallbacks sa
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -17,6 +16,7 @@ from celery.result import AsyncResult
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.auction.award import route_award, strategy_of
 from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates, split_by_bidder
@@ -83,8 +83,13 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     With no candidate the task is deferred (if its fallbacks say so), or the auction closes at
     once with the no-bid outcome. False when a due task was already taken by another sweeper.
     """
-    live = live_nodes(settings)
-    candidates = select_candidates(rfp, live)
+    in_time = rfp.deadline is None or rfp.deadline > clock.now()
+    # A caller's .delay() outlasts a dropped store connection here too; a sweeper's due task
+    # is simply taken again by the next sweep.
+    live, candidates, waiting = (
+        outlasting(settings.database_url, f"finding the candidates of {rfp.task_id}",
+                   lambda: _look(settings, rfp, in_time), patience=CALLER_PATIENCE)
+        if new else _look(settings, rfp, in_time))
     sent: list[bool] = []
 
     def opened() -> None:
@@ -111,10 +116,6 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
         proxy = False  # nothing was written: announce as usual, asking the candidates
     if not proxy and not asked:
         proxied, asked = [], list(candidates)
-    in_time = rfp.deadline is None or rfp.deadline > time.time()
-    # No live candidate, but capable nodes that lost the broker a moment ago (a restart):
-    # they are coming back, so the task waits for them rather than failing or deferring.
-    waiting = coming_back(settings, rfp.required_skills) if not candidates and in_time else []
     defer = (not candidates and not waiting
              and rfp.fallbacks.on_capability_unavailable == "defer" and in_time)
     view = bidder_view(rfp, settings.bid_request_limit) if asked and not proxy else None
@@ -185,6 +186,27 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     return True
 
 
+def _look(settings: Settings, rfp: Announcement, in_time: bool
+          ) -> tuple[list[LiveNode], list[str], list[str]]:
+    """The live nodes, ``rfp``'s candidates among them, and (with none) the capable nodes it
+    should wait for.
+
+    "No candidate" is never concluded from the cached list (it may predate nodes coming back
+    from a broker restart): it is read again first. And with none live, capable nodes that
+    stopped being live a moment ago without stopping cleanly (a broker restart, heartbeats
+    that did not reach the store, a worker restarting) are coming back: the task waits for
+    them rather than failing or deferring (``registry.coming_back``).
+    """
+    live = live_nodes(settings)
+    candidates = select_candidates(rfp, live)
+    if not candidates:
+        live = live_nodes(settings, fresh=True)
+        candidates = select_candidates(rfp, live)
+    waiting = (coming_back(settings, rfp.required_skills) if not candidates and in_time
+               else [])
+    return live, candidates, waiting
+
+
 def _ask(app: Celery, settings: Settings, rfp: Announcement, live: Sequence[LiveNode],
          proxied: Sequence[str], asked: Sequence[str],
          view: tuple[Announcement, bool] | None) -> None:
@@ -215,7 +237,7 @@ def _requests_unsent(settings: Settings, rfp: Announcement, exc: Exception, *,
     with write_session(settings.database_url) as session:
         transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
                    from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
-                   detail={"error": reason}, error=reason, finished_at=time.time())
+                   detail={"error": reason}, error=reason, finished_at=clock.now())
 
 
 def _award_by_proxy(app: Celery, settings: Settings, rfp: Announcement,
@@ -265,7 +287,7 @@ def _await_nodes(session: Session, settings: Settings, rfp: Announcement, nodes:
     """Announce ``rfp`` again in a heartbeat interval: no live node can do it now, but
     ``nodes`` can and are reconnecting. Not a deferral: it neither counts against
     ``max_deferrals`` nor lasts past ``bidding_liveness_grace`` after they were last seen."""
-    now = time.time()
+    now = clock.now()
     wait = settings.heartbeat_interval
     due = now + wait
     detail: dict[str, Any] = {
@@ -280,7 +302,7 @@ def _defer(session: Session, rfp: Announcement, *, new: bool) -> bool | str:
     """No live node can do ``rfp``: announce it again later, or escalate after too many tries
     (then the reason is returned: the caller escalates once the transaction has committed)."""
     fb = rfp.fallbacks
-    now = time.time()
+    now = clock.now()
     if rfp.deferrals >= fb.max_deferrals:
         # Never a new task: it starts with 0 deferrals ("deferrals" is no caller option) and
         # max_deferrals >= 1, so it was deferred before and has a DEFERRED row to leave.
@@ -335,7 +357,7 @@ _DUE = (
 def announce_due(settings: Settings, app: Celery, now: float | None = None,
                  limit: int = 100) -> int:
     """Announce every task whose scheduled start, retry backoff or deferral has come."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
         due = session.execute(_DUE, {"now": now, "limit": limit}).scalars().all()
     opened = 0
@@ -354,7 +376,7 @@ def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
     with write_session(settings.database_url) as session:
         moved = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
                            from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
-                           detail={"error": reason}, error=reason, finished_at=time.time(),
+                           detail={"error": reason}, error=reason, finished_at=clock.now(),
                            due_at=None)
     if moved:
         fail_caller(app, settings, rfp, NoBidsError(reason))

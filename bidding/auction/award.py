@@ -20,6 +20,7 @@ from celery import Celery
 from sqlalchemy import Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.auction.bid import NodeHistory
 from bidding.auction.board import answer_message, bid_values, sorted_answers
 from bidding.auction.decision import (
@@ -173,7 +174,9 @@ def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrat
     award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
                    closed_by=closed_by, candidates=candidates)
     if award.outcome == "failed" and rfp.no_bid == "fallback":
-        pool = fallback_pool(rfp, live_nodes(settings))
+        pool = (fallback_pool(rfp, live_nodes(settings))
+                # never "none to fall back to" from a cached list: read it again first
+                or fallback_pool(rfp, live_nodes(settings, fresh=True)))
         loads = in_flight_counts(settings, [n.name for n in pool])
         for name, extra in (extra_load or {}).items():
             if name in loads:
@@ -270,7 +273,7 @@ def _commit_award(
         locked = sorted(set(lock if lock is not None else bidders))
         # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
         # The same statement reads what the bids and the award need of the nodes.
-        now = answers.now if isinstance(answers, AnswersInside) else time.time()
+        now = answers.now if isinstance(answers, AnswersInside) else clock.now()
         node_states = lock_states(session, locked, lock=not sqlite, task_type=rfp.task_type,
                                   since=now - settings.recent_failure_seconds)
         if opening is None:

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import logging
 import socket
-import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Table, bindparam, select, update
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.nodes import incarnation
 from bidding.nodes.periodic import Periodic
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import write_session
+from bidding.store.outage import outlasting
 from bidding.store.schema import Node, Worker
 
 logger = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None = None,
               started_at: float | None = None, now: float | None = None) -> None:
     """Record that ``profile``'s node is alive now (insert or refresh its row)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         row = session.get(Node, profile.name)
         if row is None:
@@ -68,7 +69,7 @@ def beat(settings: Settings, profile: NodeProfile, now: float | None = None) -> 
     64 idle nodes beating every 2 s are 32 write transactions a second on the store; each is
     now one statement instead of a read and a rewrite of every column (bench/latency.py).
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         moved = cast(CursorResult[Any], session.execute(
             _BEAT, {"node": profile.name, "now": now})).rowcount
@@ -80,7 +81,7 @@ def touch(settings: Settings, name: str, now: float | None = None) -> None:
     """Refresh a node's heartbeat time only: it is alive, but not taking new work (draining)."""
     with write_session(settings.database_url) as session:
         session.execute(update(Node).where(Node.name == name)
-                        .values(last_heartbeat=time.time() if now is None else now))
+                        .values(last_heartbeat=clock.now() if now is None else now))
 
 
 def mark_offline(settings: Settings, name: str, now: float | None = None,
@@ -88,7 +89,7 @@ def mark_offline(settings: Settings, name: str, now: float | None = None,
     """Record a lost broker connection ("offline": it is coming back) or a clean shutdown
     ("stopped"): the node stops being a candidate at once, unless another of its workers is
     online (a node may run several)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     others = (select(Worker.hostname)
               .where(Worker.node == name, Worker.status == "online",
                      Worker.last_heartbeat >= now - settings.heartbeat_ttl)
@@ -114,7 +115,7 @@ class Heartbeat:
         self.me = me
         #: The ids of the tasks this worker's pool runs now (each beat carries them).
         self.running = running or tuple
-        self.started_at = me.started_at if me is not None else time.time()
+        self.started_at = me.started_at if me is not None else clock.now()
         self._registered = False
         self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
                               self._beat)
@@ -138,6 +139,14 @@ class Heartbeat:
         self._loop.start()
 
     def _beat(self) -> None:
+        # A beat that meets a dropped store connection (a failover, a PgBouncer restart, an
+        # idle timeout) is tried again at once on a fresh one, within its interval: a node
+        # whose beats failed twice in a row would otherwise back off past its TTL and look
+        # dead while it runs.
+        outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
+                   self._beat_once, patience=self.settings.heartbeat_interval)
+
+    def _beat_once(self) -> None:
         # The full row (this run's profile) until it is written once, then one UPDATE.
         if self._registered:
             beat(self.settings, self.profile)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.store import read_session
 from bidding.store.schema import Node
@@ -44,7 +45,7 @@ class LiveNode:
 
 def dead_after(settings: Settings, now: float | None = None) -> float:
     """Heartbeats older than this (Unix time) mean the node is dead, not just offline."""
-    return (time.time() if now is None else now) - settings.heartbeat_ttl
+    return (clock.now() if now is None else now) - settings.heartbeat_ttl
 
 
 _LIVE = (
@@ -57,7 +58,7 @@ _LIVE = (
 
 def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveNode]:
     """Nodes whose last heartbeat is within ``bidding_heartbeat_ttl`` seconds."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     cutoff = now - settings.heartbeat_ttl
     with read_session(settings.database_url) as session:
         rows = session.execute(_LIVE, {"cutoff": cutoff}).all()
@@ -72,31 +73,38 @@ def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveN
 
 _COMING_BACK = (
     select(Node.name, Node.capabilities)
-    .where(Node.status == "offline", Node.last_heartbeat >= bindparam("since"))
+    .where(Node.status != "stopped", Node.last_heartbeat >= bindparam("since"))
     .order_by(Node.name)
 )
 
 
 def coming_back(settings: Settings, skills: list[str], now: float | None = None) -> list[str]:
-    """Nodes offering every one of ``skills`` that are offline without having stopped (their
-    worker lost the broker and is reconnecting) and were seen within
-    ``bidding_liveness_grace`` seconds."""
+    """Nodes offering every one of ``skills`` that are not live now but are expected back:
+    they did not stop cleanly, and were seen within ``bidding_liveness_grace`` seconds of
+    when they stopped being live (a heartbeat TTL after their last heartbeat).
+
+    Whatever source of liveness failed: a worker that lost the broker (it marked its node
+    offline and is reconnecting), a node whose heartbeats did not reach the store (its
+    connections dropped, the store restarting), or one killed a moment ago and restarted by
+    its supervisor. Read afresh, never from the cache."""
     if settings.liveness_grace <= 0:
         return []
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
+    since = now - settings.heartbeat_ttl - settings.liveness_grace
     with read_session(settings.database_url) as session:
-        rows = session.execute(_COMING_BACK, {"since": now - settings.liveness_grace}).all()
+        rows = session.execute(_COMING_BACK, {"since": since}).all()
     return [name for name, capabilities in rows if set(skills) <= set(capabilities)]
 
 
 _live_cache: dict[str, tuple[float, list[LiveNode]]] = {}
 
 
-def live_nodes(settings: Settings) -> list[LiveNode]:
-    """Live nodes, cached per database for ``bidding_live_cache_seconds``."""
+def live_nodes(settings: Settings, *, fresh: bool = False) -> list[LiveNode]:
+    """Live nodes, cached per database for ``bidding_live_cache_seconds``; ``fresh``: read
+    now (the cache is refreshed with the answer)."""
     now = time.monotonic()
     cached = _live_cache.get(settings.database_url)
-    if cached is not None and now - cached[0] < settings.live_cache_seconds:
+    if not fresh and cached is not None and now - cached[0] < settings.live_cache_seconds:
         return cached[1]
     nodes = query_live_nodes(settings)
     _live_cache[settings.database_url] = (now, nodes)

@@ -24,7 +24,7 @@ from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Refusal
 from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
-from bidding.nodes.registry import invalidate_cache
+from bidding.nodes.registry import invalidate_cache, live_nodes
 from bidding.store import write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Node
@@ -75,7 +75,7 @@ def test_a_task_nobody_can_be_coming_back_for_fails_at_once(settings: Settings,
     if why == "long gone":
         with write_session(settings.database_url) as session:
             session.execute(update(Node).values(
-                last_heartbeat=time.time() - settings.liveness_grace - 1))
+                last_heartbeat=time.time() - settings.heartbeat_ttl - settings.liveness_grace - 1))
     invalidate_cache()
     # when a task for ocr is announced
     task = rfp()
@@ -84,6 +84,80 @@ def test_a_task_nobody_can_be_coming_back_for_fails_at_once(settings: Settings,
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED
     assert found.error == "No bidders registered: no live node offers ocr"
+
+
+def test_a_caller_whose_cached_node_list_predates_a_reconnect_does_not_fail_the_task(
+    settings: Settings,
+) -> None:
+    # given the only ocr node offline (its worker lost the broker), and a caller that read the
+    # live nodes just then (an empty list, kept for bidding_live_cache_seconds)
+    node(settings, "scanner", ["ocr"])
+    mark_offline(settings, "scanner")
+    invalidate_cache()
+    assert live_nodes(settings) == []
+    # when the node's worker reconnects and beats (in its own process: this caller's cache is
+    # not told) and a task for ocr is announced within the cache's second
+    with write_session(settings.database_url) as session:
+        session.execute(update(Node).values(status="online", last_heartbeat=time.time()))
+    task = rfp()
+    assert open_auction(app(), settings, task, new=True)
+    # then the task is not failed with "No bidders registered": the node is its candidate
+    # and wins it
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.ASSIGNED, found.error
+    assert found.candidates == ["scanner"] and found.assigned_node == "scanner"
+
+
+def test_a_node_whose_heartbeats_failed_a_moment_ago_is_waited_for(settings: Settings) -> None:
+    # given the only ocr node still marked online, whose heartbeats stopped reaching the store
+    # a little longer ago than the heartbeat TTL (its store connections were dropped)
+    node(settings, "scanner", ["ocr"])
+    with write_session(settings.database_url) as session:
+        session.execute(update(Node).values(
+            last_heartbeat=time.time() - settings.heartbeat_ttl - 2))
+    invalidate_cache()
+    # when a task for ocr is announced
+    task = rfp()
+    assert open_auction(app(), settings, task, new=True)
+    # then it waits for the node, within the grace period, instead of failing at once
+    found = row(settings, task.task_id)
+    assert found.state == lifecycle.DEFERRED, found.error
+    kind, _, _, detail = log(settings, task.task_id)[-1]
+    assert kind == "DEFERRED" and detail["waiting_for"] == ["scanner"]
+
+
+def test_a_caller_outlasts_a_dropped_store_connection_while_reading_the_live_nodes(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a live ocr node, and a store whose first liveness read fails as a dropped
+    # connection does
+    from sqlalchemy.exc import OperationalError
+
+    from bidding.nodes import registry
+
+    node(settings, "scanner", ["ocr"])
+    real = registry.query_live_nodes
+    calls: list[int] = []
+
+    def dropped(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(registry, "query_live_nodes", dropped)
+    task = rfp()
+    # when a task for ocr is announced
+    if settings.database_url.startswith("sqlite"):
+        # (SQLite has no connection to drop: its errors are raised as they are)
+        with pytest.raises(OperationalError):
+            open_auction(app(), settings, task, new=True)
+        return
+    assert open_auction(app(), settings, task, new=True)
+    # then the read is tried again and the task is awarded, not failed or refused
+    found = row(settings, task.task_id)
+    assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, "scanner")
+    assert len(calls) == 2
 
 
 def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reason(
