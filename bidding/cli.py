@@ -30,6 +30,7 @@ from celery import Celery
 from celery.app.utils import find_app
 from sqlalchemy.exc import OperationalError
 
+from bidding import clock
 from bidding.config import Settings, get_settings, load_settings
 from bidding.demo.run import KEEP_HELP as DEMO_KEEP_HELP
 from bidding.demo.run import OPTIONS as DEMO_OPTIONS
@@ -320,7 +321,7 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
     if not live:
         click.echo(f"no live nodes in the store {store_label(settings.database_url)}")
         return
-    now = time.time()
+    now = clock.now()
     click.echo(f"{'node':<12} {'capacity':>8} {'trust':>6} {'learned':>7} {'runs':>5} "
                f"{'price':>8} {'latency':>8} {'beat':>6}  capabilities")
     for n in live:

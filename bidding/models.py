@@ -6,12 +6,12 @@ travel as JSON through Celery (no pickle anywhere).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from bidding import clock
 from bidding.errors import ConfigurationError
 
 NoBidPolicy = Literal["fail", "fallback"]
@@ -193,7 +193,7 @@ class Announcement(BaseModel):
     #: a retry whose auction finds no winner still says what went wrong first.
     last_error: str | None = None
     attempt: int = Field(1, ge=1)
-    announced_at: float = Field(default_factory=time.time)
+    announced_at: float = Field(default_factory=clock.now)
     #: Celery's canvas around the call (callbacks, errbacks, chain, group, chord, parent).
     canvas: CanvasOptions = Field(default_factory=CanvasOptions)
     #: Set only on the copy a node's bidder sees (``auction.request_view``): each of
@@ -242,7 +242,7 @@ class Bid(BaseModel):
     #: What the bidder's model reported using: tokens, requests, cost (an LLM bidder).
     usage: dict[str, float] = Field(default_factory=dict)
     metadata: dict[str, Any] = Field(default_factory=dict)
-    bid_at: float = Field(default_factory=time.time)
+    bid_at: float = Field(default_factory=clock.now)
 
 
 class Refusal(BaseModel):
@@ -254,7 +254,7 @@ class Refusal(BaseModel):
     node: str
     attempt: int = 1
     reason: str
-    bid_at: float = Field(default_factory=time.time)
+    bid_at: float = Field(default_factory=clock.now)
     #: The node could not bid (its bid raised: its store unreachable, say), which is no
     #: verdict on the task: an auction with nothing but such answers is announced again.
     failed: bool = False
@@ -309,7 +309,7 @@ class Award(BaseModel):
     closed_by: str
     scores: list[Score] = Field(default_factory=list)
     error: str | None = None
-    awarded_at: float = Field(default_factory=time.time)
+    awarded_at: float = Field(default_factory=clock.now)
 
 
 def describe_validation(exc: ValidationError, prefix: str = "",

@@ -29,6 +29,7 @@ from celery.exceptions import Ignore, NotRegistered, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
 from celery.signals import task_internal_error, task_revoked, task_unknown
 
+from bidding import clock
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.board import history_changed
@@ -45,7 +46,7 @@ from bidding.lifecycle import events
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
-from bidding.store import masked_url
+from bidding.store import keep_clock, masked_url
 from bidding.store.outage import outlasting
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         merged = {**defaults, **call}
         if self.retry_policy is not None and "retry_policy" not in merged:
             merged["retry_policy"] = self.retry_policy
+        # Its timestamps are the store's time (bidding.clock): read it first in a new process.
+        keep_clock(settings.database_url)
         rfp = build_announcement(self, settings, args, kwargs, merged, task_id)
         rfp.canvas = canvas_of(self.app, link, link_error, options)
         return announce(self.app, settings, rfp, delay=delay, fresh_id=task_id is None)
@@ -141,7 +144,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if settings.award_journal:
             _settle(settings, self.app, request.id)
         # One start time for every try: a retried begin whose first commit landed knows it.
-        started = time.time()
+        started = clock.now()
 
         def begin() -> execution.Running:
             return outlasting(
@@ -269,7 +272,7 @@ def _delay(options: Mapping[str, Any]) -> float:
 def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
     """The error of an attempt that reached its node after the task's deadline, else None."""
     deadline = run.rfp.deadline if run.rfp is not None else None
-    now = time.time()
+    now = clock.now()
     if deadline is None or now < deadline:
         return None
     return DeadlinePassedError(

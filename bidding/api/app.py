@@ -9,7 +9,6 @@ Every route reads the store or calls the function the command line calls: ``bidd
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
@@ -20,6 +19,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from pydantic import BaseModel
 from sqlalchemy.exc import DataError, OperationalError
 
+from bidding import clock
 from bidding.api.auth import read_access, write_access
 from bidding.api.dashboard import mount_dashboard
 from bidding.api.models import FINAL, NotDone, Problem, Submitted, TaskResult, TaskState, aitp_state
@@ -95,14 +95,14 @@ def _graph_state(p: GraphProgress) -> TaskState:
         task_id=p.task_id, status=p.status, state=p.status,
         progress=p.model_dump(include={"current_step", "total_steps", "percent_complete",
                                        "steps"}),
-        current_step=p.current_step, estimated_completion=_estimate_graph(p, time.time()),
+        current_step=p.current_step, estimated_completion=_estimate_graph(p, clock.now()),
         cost_so_far=p.cost)
 
 
 def _task_state(s: TaskStatus) -> TaskState:
     return TaskState(
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
-        current_step=1, estimated_completion=_estimate_task(s, time.time()),
+        current_step=1, estimated_completion=_estimate_task(s, clock.now()),
         cost_so_far=s.cost_so_far, watch=s.watch)
 
 

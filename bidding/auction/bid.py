@@ -9,9 +9,9 @@ inputs.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
+from bidding import clock
 from bidding.auction import scores
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
@@ -49,7 +49,7 @@ def compute_bid(
     rfp: Announcement, profile: NodeProfile, history: NodeHistory, now: float | None = None
 ) -> Bid | Refusal:
     """The bid ``profile``'s node makes for ``rfp`` given its ``history``, or its refusal."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     reason = refusal_reason(rfp, profile, now)
     if reason is not None:
         return Refusal(task_id=rfp.task_id, node=profile.name, attempt=rfp.attempt,

@@ -24,10 +24,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
+from bidding import clock
 from bidding.auction.llm_bidder import llm_bidder
 from bidding.auction.response import InvalidResponse, failed_answer, judged
 from bidding.errors import ProfileError
@@ -96,7 +96,7 @@ class NodeBidder:
         """Ask the bidder about ``draft``; ``then`` gets the node's answer (on another thread)
         when the bidder answers, or at its timeout or the end of the auction's window."""
         timeout = self.timeout
-        left = None if not expires_at else expires_at - time.time()
+        left = None if not expires_at else expires_at - clock.now()
         by_window = left is not None and left < timeout
         if by_window:
             timeout = max(0.001, left or 0.0)
@@ -110,7 +110,7 @@ class NodeBidder:
                by_window: bool = False) -> Bid | Refusal:
         """The node's answer once its bidder's call ended (``outcome``); a failure is logged
         here, once, and answered as a refusal that says what happened."""
-        now = time.time()
+        now = clock.now()
         spec = self.spec
         if outcome.timed_out:
             reason = (f"its bidder {spec} did not answer before the auction's window closed "

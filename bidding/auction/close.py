@@ -9,11 +9,11 @@ closer and any duplicate all race safely: exactly one awards.
 from __future__ import annotations
 
 import logging
-import time
 
 from celery import Celery
 from sqlalchemy import bindparam, select
 
+from bidding import clock
 from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
@@ -49,10 +49,10 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     # Kept past the window, so that an awarder that dies before committing leaves the answers
     # for the sweeper that closes the auction at its deadline.
     answers = board.close(task_id, attempt,
-                          keep=max(0.0, rfp.announced_at + rfp.window - time.time()) + 60.0)
+                          keep=max(0.0, rfp.announced_at + rfp.window - clock.now()) + 60.0)
     silent = all(isinstance(a, Refusal) and a.failed for a in answers)
     if silent and candidates and rfp.silent_rounds < settings.silent_rounds and (
-            rfp.deadline is None or rfp.deadline > time.time() + rfp.window):
+            rfp.deadline is None or rfp.deadline > clock.now() + rfp.window):
         # Not one candidate answered, or could bid: a node killed before its heartbeat
         # expired, workers reconnecting to a restarted broker, a store restarting; no
         # verdict on the task. Announce it again.
@@ -74,7 +74,7 @@ def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bo
     that come late are told apart from the next round's, and its bid board starts empty. It
     is no failure: the retry policy counts failures, not attempts.
     """
-    now = time.time()
+    now = clock.now()
     again = rfp.model_copy(update={"silent_rounds": rfp.silent_rounds + 1,
                                    "attempt": rfp.attempt + 1})
     reason = (f"none of {candidates} candidate(s) answered or could bid within "
@@ -105,7 +105,7 @@ _EXPIRED = (
 def close_expired(settings: Settings, app: Celery, now: float | None = None,
                   limit: int = 100) -> int:
     """Close every open auction past its window (the deadline closer); returns how many."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
         due = session.execute(_EXPIRED, {"now": now, "limit": limit}).all()
     closed = 0

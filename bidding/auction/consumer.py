@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -25,6 +24,7 @@ from kombu.message import Message
 from kombu.messaging import Consumer
 from pydantic import ValidationError
 
+from bidding import clock
 from bidding.auction.bidder import NodeBidder, node_bidder
 from bidding.auction.board import RedisBoard, get_board, write_answer
 from bidding.auction.close import close_auction
@@ -107,7 +107,7 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
     except (KeyError, TypeError, ValueError, ValidationError):
         logger.exception("malformed bid request dropped: %.200r", body)
         return None
-    if expires_at and time.time() > expires_at:
+    if expires_at and clock.now() > expires_at:
         logger.info("bid request for %s arrived after its auction closed; dropped", rfp.task_id)
         return None
     response: Bid | Refusal

@@ -16,6 +16,7 @@ from typing import cast
 from sqlalchemy import Select, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.config import Settings
 from bidding.lifecycle import states
@@ -161,7 +162,7 @@ def read_histories(
     """``gather_histories`` in the caller's transaction. ``known``: the nodes' states read
     already (``lock_states``, the award's, under its lock): only their latest outcomes are
     read then, one statement instead of four."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     if not nodes:
         return {}
     names = list(dict.fromkeys(nodes))
@@ -244,7 +245,7 @@ def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,
               version: int | None = None) -> Bid | Refusal:
     """Compute this node's answer to ``rfp`` from its profile and (cached) store history;
     ``version`` is the node's history version on the bid board (see ``cached_history``)."""
-    now = time.time()
+    now = clock.now()
     if refusal_reason(rfp, profile, now) is None:
         history = cached_history(settings, profile.name, rfp.task_type, now, version)
     else:

@@ -20,10 +20,10 @@ the node's built-in estimate. Tokens and cost, when the model reports them, are 
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
+from bidding import clock
 from bidding.errors import ProfileError
 from bidding.models import Announcement, Bid, BidResponse
 from bidding.nodes.profile import NodeProfile
@@ -51,7 +51,7 @@ def system_prompt(profile: NodeProfile) -> str:
 def rfp_prompt(rfp: Announcement, draft: Bid, now: float | None = None) -> str:
     """Seed 001's RFP message, with the arguments, budget, deadline and the node's built-in
     estimate (what its bid would be without the agent)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     lines = [
         f"RFP: {rfp.content or rfp.task_name}",
         f"Skills needed: {rfp.required_skills}",

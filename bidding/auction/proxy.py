@@ -30,12 +30,12 @@ Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Sequence
 
 from celery import Celery
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.auction.award import AnswersInside, award_answers, strategy_of
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
@@ -68,7 +68,7 @@ def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNod
     ``versions`` (the nodes' history versions on the bid board) let histories read for an
     earlier auction be reused while they hold, as the nodes' own bids do (``cached_history``).
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
     histories = cached_histories(settings, bidding, rfp.task_type, versions or {}, now)
@@ -86,7 +86,7 @@ def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNo
     """The nodes' answers to ``rfp``, made in the award's transaction: their histories are
     read there, completing the states (in-flight work, record, failures) the award has just
     read under its lock."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
 

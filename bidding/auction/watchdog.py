@@ -10,7 +10,6 @@ has not started by its delivery check, is sent again to the same winner (``resen
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -27,6 +26,7 @@ from sqlalchemy import (
     update,
 )
 
+from bidding import clock
 from bidding.auction.board import history_changed
 from bidding.config import Settings
 from bidding.errors import NodeLostError
@@ -133,7 +133,7 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
 
     Returns how many were moved, and how many nodes are alive.
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     cutoff = dead_after(settings, now)
     for ended in end_stale(settings, cutoff):
         try:
@@ -241,7 +241,7 @@ def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None
     their final state written to the result backend again if it is missing there (it may have
     died between the store and the backend).
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     logger.warning("worker %s of node %s %s; its running attempts are lost", ended.hostname,
                    ended.node, ended.why)
     with write_session(settings.database_url) as session:
@@ -294,7 +294,7 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
     except Exception as exc:
         mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
         return False
-    sent = time.time()
+    sent = clock.now()
     with write_session(settings.database_url) as session:
         # Logged after the send (the node may have started it already); the schedule-to-start
         # clock starts now, unless the node took the task or another sweeper took the lease.

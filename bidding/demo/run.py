@@ -21,6 +21,8 @@ from typing import Any
 
 from sqlalchemy import select
 
+from bidding import clock
+
 DEMO_DIR = Path(".demo")
 DEFAULT_DB = f"sqlite:///{DEMO_DIR}/bidding.db"
 PROFILES = ["redfin", "bluefin", "greenfin", "sasass", "tpm"]
@@ -241,7 +243,7 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
         _addresses(web)
         print("all nodes live; submitting tasks\n")
         print(LEGEND)
-        started = time.time()
+        started = clock.now()
         printer.start()
         results: list[tuple[str, Any]] = []
         for name, call_args, options in _stream(random.Random(seed), tasks):

@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError
 from bidding.execution import ledger
@@ -90,7 +91,7 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
     passes the same one, so that a begin whose commit landed before the connection was lost
     is recognised as its own (FIRST), not taken for a second copy.
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
     runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
     accepted = Step(states.EXECUTING, journal.TASK_ACCEPTED,
@@ -205,7 +206,7 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
         return Verdict()
     rfp = run.rfp
     budget = rfp.budget
-    now = time.time()
+    now = clock.now()
     invalid = _schema_error(rfp.output_schema, result)  # pure: outside the write lock
     if invalid is None and not _is_json(result):
         # Celery could not send it either (JSON only): fail it here, saying why, rather than
@@ -272,7 +273,7 @@ def fail(settings: Settings, run: Running, exc: BaseException,
     if run.rfp is None:
         return Verdict()
     rfp = run.rfp
-    now = time.time()
+    now = clock.now()
     error = error_text(exc)
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
@@ -310,7 +311,7 @@ def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: s
     FAILED with ``reason``. Nothing is charged and no episode counts against the node: the
     caller stopped it. Celery has stored REVOKED for the caller already. False when this
     attempt no longer holds the task (re-awarded, finished)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         return transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
                           from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt,
@@ -324,7 +325,7 @@ def unrunnable(settings: Settings, task_id: str, attempt: int, node: str, reason
     task is FAILED with ``reason`` (sending it again would only repeat it) and counts against
     the node, which bid on work it cannot do. Returns the task's announcement, for telling
     its caller; None when this attempt no longer holds the task."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None or row.attempt != attempt or row.assigned_node != node:
@@ -349,7 +350,7 @@ def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
     agrees with what ``.get()`` saw. Returns the node whose attempt failed, or None when there
     was nothing to fail.
     """
-    now = time.time()
+    now = clock.now()
     with write_session(settings.database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None or row.state != states.EXECUTING or row.assigned_node is None:
@@ -380,7 +381,7 @@ def retry_requested(settings: Settings, run: Running, delay: float,
     with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise)."""
     if run.rfp is None:
         return False
-    now = time.time()
+    now = clock.now()
     rfp = run.rfp
     update: dict[str, Any] = {"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
                               "silent_rounds": 0,
@@ -415,7 +416,7 @@ def report_progress(settings: Settings, run: Running, current: float, total: flo
     """Record a PROGRESS_UPDATE (AITP 5.3) and return the progress as stored."""
     percent = round(100.0 * current / total, 1) if total else None
     progress = {"current": current, "total": total, "percent": percent, "note": note,
-                "node": run.node, "attempt": run.attempt, "at": time.time()}
+                "node": run.node, "attempt": run.attempt, "at": clock.now()}
     with write_session(settings.database_url) as session:
         session.execute(
             update(AnnouncementRow)

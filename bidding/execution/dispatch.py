@@ -10,10 +10,10 @@ sets when a sweeper next looks at an attempt that has not started (``delivery_du
 from __future__ import annotations
 
 import logging
-import time
 
 from celery import Celery
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.execution.canvas import message_options
 from bidding.lifecycle import journal, states
@@ -40,7 +40,7 @@ def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: Base
     resender's ``lease``, only while it still holds it. False when the task moved on meanwhile
     or the store could not be written either (then the error is logged; the task's delivery
     check or schedule-to-start deadline, set with its award, still comes)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     error = f"{type(exc).__name__}: {exc}"
     logger.error("task %s: sending it to %s failed (%s); a sweeper will send it again",
                  rfp.task_id, exec_queue(node), error)

@@ -14,12 +14,12 @@ returns the real result or the real error, never a transport error for a task th
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, cast
 
 from celery import Celery, states
 from sqlalchemy import CursorResult, bindparam, select, update
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.errors import BiddingError
 from bidding.execution.canvas import caller_request
@@ -130,7 +130,7 @@ def report_later(settings: Settings, task_id: str, delay: float = 1.0,
     with write_session(settings.database_url) as session:
         session.execute(update(AnnouncementRow)
                         .where(AnnouncementRow.task_id == task_id)
-                        .values(report_due=time.time() + delay))
+                        .values(report_due=clock.now() + delay))
         if outcome is not None:
             session.execute(update(AnnouncementRow)
                             .where(AnnouncementRow.task_id == task_id,
@@ -146,7 +146,7 @@ def report_if_final(settings: Settings, task_id: str, delay: float = REPORT_BACK
             update(AnnouncementRow)
             .where(AnnouncementRow.task_id == task_id,
                    AnnouncementRow.state.in_(sorted(lifecycle.FINAL_STATES)))
-            .values(report_due=time.time() + delay))).rowcount
+            .values(report_due=clock.now() + delay))).rowcount
     return found == 1
 
 
@@ -154,7 +154,7 @@ def report_results(settings: Settings, app: Celery, now: float | None = None,
                    limit: int = 50) -> int:
     """Write to the result backend the final outcomes due for it (a sweeper phase); returns
     how many were written. Each is leased first, so concurrent sweepers write it once."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
         due = session.execute(_DUE, {"now": now, "limit": limit}).all()
     written = 0
@@ -172,7 +172,7 @@ def report_results(settings: Settings, app: Celery, now: float | None = None,
         except Exception as exc:  # the backend still down: later
             logger.warning("task %s: writing its result to the backend failed (%s); again "
                            "in %gs", task_id, exc, REPORT_BACKOFF)
-            follow_up = time.time() + REPORT_BACKOFF
+            follow_up = clock.now() + REPORT_BACKOFF
         with write_session(settings.database_url) as session:
             session.execute(_DONE, {"r_task": task_id, "r_lease": lease, "r_next": follow_up})
     return written

@@ -12,7 +12,6 @@ another task that finished).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -21,6 +20,7 @@ import jsonschema
 from celery import Celery
 from sqlalchemy import CursorResult, select, update
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.graphs import plan
 from bidding.graphs import store as rows
@@ -61,7 +61,7 @@ def advance_idle(settings: Settings, app: Celery, now: float | None = None,
                  limit: int = 20) -> int:
     """Advance the unfinished graphs nobody moved for ``IDLE_SECONDS`` (a sweeper phase; each
     is leased by moving its ``touched_at``, so one sweeper looks at it). Returns how many."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
         idle = session.execute(
             select(Graph.graph_id, Graph.touched_at)
@@ -98,7 +98,7 @@ def advance(settings: Settings, app: Celery, graph_id: str) -> str | None:
                                         AnnouncementRow.result, AnnouncementRow.error)
                                  .where(AnnouncementRow.task_id.in_(running))).all()}
     defn = rows.definition(graph)
-    now = time.time()
+    now = clock.now()
     for step in steps.values():
         if step.state == rows.RUNNING:
             _finish_step(settings, app, graph, defn, step, ended.get(step.task_id), now)
@@ -165,7 +165,7 @@ def _fail(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
           steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
     """Fail the task for ``step_id``'s failure: every step not started is never started, and
     every other step still running is stopped (its work can no longer be used)."""
-    now = time.time()
+    now = clock.now()
     after = set(plan.dependents(defn.steps(), step_id))
     stopped: list[str] = []
     with write_session(settings.database_url) as session:
@@ -204,7 +204,7 @@ def _dependencies_done(settings: Settings, graph: Graph, defn: TaskDefinition,
                                      .where(Graph.graph_id.in_(wanted))).all())
     bad = [d for d in wanted if found.get(d) == rows.FAILED]
     if bad:
-        now = time.time()
+        now = clock.now()
         with write_session(settings.database_url) as session:
             if rows.move_graph(session, graph.graph_id, rows.WAITING, rows.FAILED,
                                error=f"dependency {bad[0]} failed", finished_at=now):
@@ -248,7 +248,7 @@ def task_result(defn: TaskDefinition, parent_input: Mapping[str, Any],
 
 def _complete(settings: Settings, graph: Graph, defn: TaskDefinition,
               steps: Mapping[str, GraphStep]) -> str:
-    now = time.time()
+    now = clock.now()
     try:
         result = task_result(defn, graph.input, _outputs(steps))
         if defn.output:
@@ -318,7 +318,7 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
     except TemplateError as exc:
         _fail_step(settings, app, graph, defn, steps, sid, str(exc))
         return False
-    now = time.time()
+    now = clock.now()
     with write_session(settings.database_url) as session:
         if not rows.move_step(session, graph.graph_id, sid, rows.PENDING, rows.RUNNING,
                               input=kwargs, announced_at=now, budget=remaining):
@@ -331,7 +331,7 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
         logger.exception("graph %s: announcing subtask %s failed", graph.graph_id, sid)
         with write_session(settings.database_url) as session:
             rows.move_step(session, graph.graph_id, sid, rows.RUNNING, rows.FAILED,
-                           error=f"could not be announced: {exc}", finished_at=time.time())
+                           error=f"could not be announced: {exc}", finished_at=clock.now())
         _fail(settings, app, graph, defn, steps, sid, f"could not be announced: {exc}")
         return False
     logger.info("graph %s: subtask %s announced as %s", graph.graph_id, sid, step.task_id)
@@ -342,7 +342,7 @@ def _fail_step(settings: Settings, app: Celery, graph: Graph, defn: TaskDefiniti
                steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
     with write_session(settings.database_url) as session:
         rows.move_step(session, graph.graph_id, step_id, rows.PENDING, rows.FAILED,
-                       error=reason, finished_at=time.time())
+                       error=reason, finished_at=clock.now())
     _fail(settings, app, graph, defn, steps, step_id, reason)
 
 

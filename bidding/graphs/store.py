@@ -3,7 +3,6 @@ once, whichever node or sweeper gets there first)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Final, cast
@@ -11,6 +10,7 @@ from typing import Any, Final, cast
 from sqlalchemy import CursorResult, func, select, update
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.graphs.spec import Subtask, TaskDefinition
 from bidding.store.schema import Graph, GraphStep, LedgerEntry
 
@@ -30,7 +30,7 @@ STEP_FINAL: Final = frozenset({SUCCESS, FAILED, CANCELLED})
 def create(session: Session, defn: TaskDefinition, values: Mapping[str, Any],
            task_names: Mapping[str, str], now: float | None = None) -> str:
     """Insert the graph and its steps (none started); returns the graph's id."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     graph_id = defn.task_id or str(uuid.uuid4())
     state = WAITING if defn.metadata.dependencies else EXECUTING
     session.add(Graph(graph_id=graph_id, name=defn.name, spec=defn.model_dump(mode="json"),
@@ -66,13 +66,13 @@ def move_graph(session: Session, graph_id: str, source: str | Collection[str], t
     sources = [source] if isinstance(source, str) else list(source)
     return cast(CursorResult[Any], session.execute(
         update(Graph).where(Graph.graph_id == graph_id, Graph.state.in_(sources))
-        .values(state=target, touched_at=time.time(), **values))).rowcount == 1
+        .values(state=target, touched_at=clock.now(), **values))).rowcount == 1
 
 
 def touch(session: Session, graph_id: str) -> None:
     """Record that the graph moved now."""
     session.execute(update(Graph).where(Graph.graph_id == graph_id)
-                    .values(touched_at=time.time()))
+                    .values(touched_at=clock.now()))
 
 
 def graph_of_task(session: Session, task_id: str) -> str | None:

@@ -10,13 +10,13 @@ transaction; readers see a transaction's messages when it commits, as before.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
 from sqlalchemy import Table, event
 from sqlalchemy.orm import Session, SessionTransaction
 
+from bidding import clock
 from bidding.store.rows import commit_with, insert_rows
 from bidding.store.schema import Message
 
@@ -81,7 +81,7 @@ def message(
 ) -> dict[str, Any]:
     """The row of one message, for ``write`` (``record``'s arguments)."""
     return {"task_id": task_id, "kind": kind, "node": node, "attempt": attempt,
-            "detail": detail, "at": time.time() if at is None else at}
+            "detail": detail, "at": clock.now() if at is None else at}
 
 
 def write(session: Session, rows: Sequence[dict[str, Any]]) -> None:

@@ -13,7 +13,6 @@ more than the database work itself.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -34,6 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Session
 
+from bidding import clock
 from bidding.lifecycle import journal, states
 from bidding.store.schema import Announcement as AnnouncementRow
 
@@ -241,7 +241,7 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step],
         # state belongs to the delegation, so its watch starts again from this award (an
         # escalation of the node that lost it must not hold the new one back for 30 minutes).
         values = {**WATCH_CLEARED, **values}
-    at = time.time() if at is None else at
+    at = clock.now() if at is None else at
     if session.autoflush:
         session.flush()  # what an ORM statement's autoflush did: pending rows are visible
     dialect = session.get_bind().dialect

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.nodes.profile import load_profile
 from bidding.nodes.registry import invalidate_cache, query_live_nodes
@@ -113,7 +114,7 @@ class Federation:
             self.nodes[name].process.wait(timeout=30)
         time.sleep(pause)
         node = self.nodes[name]
-        started = time.time()
+        started = clock.now()
         node.process = self._run(node.cmd, node.log)
         return started
 

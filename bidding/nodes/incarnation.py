@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, Table, bindparam, select, update
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.store import read_session, write_session
 from bidding.store.schema import Worker
@@ -67,7 +67,7 @@ def begin(hostname: str, node: str, slots: int | None = None) -> Incarnation:
     """Start this process's incarnation (the worker's main process, before its pool forks)."""
     global _current
     _current = Incarnation(hostname=hostname, node=node, boot_id=uuid.uuid4().hex,
-                           pid=os.getpid(), started_at=time.time(), slots=slots)
+                           pid=os.getpid(), started_at=clock.now(), slots=slots)
     os.environ[BOOT_ENV] = _current.boot_id
     return _current
 
@@ -96,7 +96,7 @@ _BEAT = (update(_WORKERS)
 def register(settings: Settings, me: Incarnation, now: float | None = None) -> Ended | None:
     """Write this incarnation's row; the earlier incarnation it replaces, if any, is returned
     (unless it was already handled as ended)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         row = session.get(Worker, me.hostname, with_for_update=True)
         earlier: Ended | None = None
@@ -123,7 +123,7 @@ def beat(settings: Settings, me: Incarnation, status: str = "online",
     False when its row is not this incarnation's any more: another worker registered under
     the same Celery node name (two workers of a node need names of their own, ``-n``).
     """
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         moved = cast(CursorResult[Any], session.execute(_BEAT, {
             "w_host": me.hostname, "w_boot": me.boot_id, "w_now": now,

@@ -13,7 +13,6 @@ and sent as ``bidding.signals.task_escalated`` (and to ``bidding_notify_url``).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -30,6 +29,7 @@ from sqlalchemy import (
     update,
 )
 
+from bidding import clock
 from bidding.config import Settings
 from bidding.lifecycle import events, journal, states
 from bidding.observe.watch import (
@@ -199,7 +199,7 @@ def check_due(settings: Settings, now: float | None = None, limit: int = 500,
               app: Celery | None = None) -> Pass:
     """One pass: check every delegated task that is due, escalate those past their last check
     (with ``app``, an escalation is also a ``task-escalated`` event, Flower's ESCALATED)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     checks, result = plan(settings, now, limit)
     if not checks:
         return result

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from bidding import clock
 from bidding.auction.board import get_board
 from bidding.auction.writebehind import settle
 from bidding.config import get_settings
@@ -125,7 +125,7 @@ class Explanation(BaseModel):
             lines.append(f"  {label}error: {self.error}")
         lines += [f"  why: {w}" for w in self.why]
         if self.watch is not None and (self.watch.escalated or self.watch.check_attempts):
-            lines.append(f"  watch: {self.watch.line(time.time())}")
+            lines.append(f"  watch: {self.watch.line(clock.now())}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
         earlier = len(self.bids) - len(shown)
         if self.attempt > 1:

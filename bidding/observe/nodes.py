@@ -3,11 +3,10 @@ whether it is alive now, its load, its learned trust, the attempts it won and it
 
 from __future__ import annotations
 
-import time
-
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
+from bidding import clock
 from bidding.auction.scores import learned_trust
 from bidding.config import Settings
 from bidding.lifecycle import states
@@ -48,7 +47,7 @@ class NodeView(BaseModel):
 
 def node_views(settings: Settings, now: float | None = None) -> list[NodeView]:
     """Every node in the store, by name."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     ensure_schema(settings.database_url)
     with read_session(settings.database_url) as session:
         nodes = session.scalars(select(Node).order_by(Node.name)).all()

@@ -8,12 +8,11 @@ says "a human has seen it", it does not stop, resend or re-announce the task.
 
 from __future__ import annotations
 
-import time
-
 from celery import Celery
 from pydantic import BaseModel
 from sqlalchemy import update
 
+from bidding import clock
 from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
@@ -55,7 +54,7 @@ def reset(task_id: str, app: Celery | None = None, *,
             raise ConfigurationError("reset: pass app= or database_url=")
         database_url = get_settings(app).database_url
     ensure_schema(database_url)
-    now = time.time()
+    now = clock.now()
     with write_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id, with_for_update=True)
         if row is None:

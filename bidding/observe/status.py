@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from pydantic import BaseModel
 from sqlalchemy import select
 
+from bidding import clock
 from bidding.errors import UnknownTaskError
 from bidding.lifecycle import states
 from bidding.models import Announcement
@@ -58,7 +58,7 @@ class TaskStatus(BaseModel):
 
     def render(self) -> str:
         """Plain text for terminals."""
-        now = time.time()
+        now = clock.now()
         # An escalation is a flag on the state, not a state: "EXECUTING, escalated: why".
         state = (f"{self.state}, {self.watch.line(now)}" if self.watch and self.watch.escalated
                  else self.state)

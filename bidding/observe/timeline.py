@@ -4,12 +4,12 @@ buckets, so a node's share of the work can be followed as it changes."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
+from bidding import clock
 from bidding.lifecycle import journal
 from bidding.store import ensure_schema, read_session
 from bidding.store.schema import Message
@@ -64,7 +64,7 @@ def assignments_over_time(database_url: str, since: float | None = None,
     """Assignments per node from ``since`` (default: the first one in the last hour) to
     ``until`` (default: the latest one, so a burst that ended a while ago still fills the
     chart; it grows as new ones come)."""
-    now = time.time() if now is None else now
+    now = clock.now() if now is None else now
     kinds = (journal.AWARDED, journal.REAWARDED)
     ensure_schema(database_url)
     with read_session(database_url) as session:

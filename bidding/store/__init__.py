@@ -3,6 +3,7 @@
 from bidding.store.engine import (
     dispose_all,
     get_engine,
+    keep_clock,
     masked_url,
     read_session,
     sqlite_path,
@@ -16,6 +17,7 @@ __all__ = [
     "dispose_all",
     "ensure_schema",
     "get_engine",
+    "keep_clock",
     "masked_url",
     "read_session",
     "sqlite_path",

@@ -34,6 +34,7 @@ from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 from bidding.config import db_pool_size
+from bidding.store import clock as store_clock
 from bidding.store.forkguard import guard
 
 _WRITE_OPTION = "bidding_write"
@@ -56,6 +57,8 @@ class _Engines:
     writer: sessionmaker[Session]
     #: Reads in a transaction (on SQLite, the same as ``reader``).
     snapshot: sessionmaker[Session]
+    #: The engine of ``reader`` (autocommit on a server store).
+    plain: Engine
 
 
 _engines: dict[str, _Engines] = {}
@@ -146,6 +149,7 @@ def _build(url: str) -> _Engines:
         reader=sessionmaker(bind=reader_engine, expire_on_commit=False),
         snapshot=sessionmaker(bind=engine, expire_on_commit=False),
         writer=sessionmaker(bind=writer_engine, expire_on_commit=False),
+        plain=reader_engine,
     )
 
 
@@ -248,8 +252,17 @@ def _begin_immediate(dbapi_connection: Any, timeout: float = 30.0) -> None:
 
 
 def engines(url: str) -> _Engines:
-    """The engines of ``url`` for this process, built on first use (and again after a fork)."""
+    """The engines of ``url`` for this process, built on first use (and again after a fork);
+    the federation's clock (``bidding.clock``) kept on this store's."""
     key = normalize_url(url)
+    found = _engines.get(key)
+    if found is None or found.pid != os.getpid():
+        found = _engines_of(key)
+    store_clock.keep_current(key, found.plain, local=is_sqlite(key))
+    return found
+
+
+def _engines_of(key: str) -> _Engines:
     found = _engines.get(key)
     if found is not None and found.pid == os.getpid():
         return found
@@ -262,6 +275,12 @@ def engines(url: str) -> _Engines:
             found = _build(key)
             _engines[key] = found
         return found
+
+
+def keep_clock(url: str) -> None:
+    """Read the clock of the store at ``url`` if this process has not yet, or is due to, so
+    that ``bidding.clock.now()`` is that store's time (it is kept so by every session too)."""
+    engines(url)
 
 
 def get_engine(url: str) -> Engine:

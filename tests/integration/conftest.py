@@ -128,12 +128,14 @@ def running_cluster(database_url: str, directory: Path, backend: str,
                     broker: str = BROKER, result_backend: str | None = None,
                     extra_env: dict[str, str] | None = None,
                     nodes: Mapping[str, list[str]] = NODES,
-                    profiles: dict[str, str] | None = None) -> Iterator[Cluster]:
+                    profiles: dict[str, str] | None = None,
+                    prefix: Mapping[str, list[str]] | None = None) -> Iterator[Cluster]:
     """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
     at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
     ``profiles``: more TOML lines for a node's profile, by node name.
+    ``prefix``: a command a node's worker runs under, by node name (another clock, a host).
     Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
     says otherwise: the test nodes all bid with the built-in function, so under the default,
     "auto", every auction would be proxied, and the tests of the asking path (the bid
@@ -165,6 +167,7 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         log_dir=directory / "logs",
         concurrency=2,
         cwd=ROOT,
+        prefix=prefix or {},
     )
     try:
         federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""))
