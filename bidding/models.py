@@ -6,6 +6,7 @@ travel as JSON through Celery (no pickle anywhere).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -336,3 +337,32 @@ def describe_validation(exc: ValidationError, prefix: str = "",
             field = prefix + (".".join(loc) or "(root)")
         parts.append(f"{field}: {err['msg']} (got {err.get('input')!r})")
     return "; ".join(parts)
+
+
+def non_json_number(value: Any, where: str) -> str | None:
+    """The first float JSON cannot carry (NaN, Infinity, -Infinity) in ``value``, searched
+    through its lists, tuples and dicts, as ``"where[1]['key']: NaN is not JSON"``; None when
+    there is none.
+
+    Python's ``json`` writes them anyway (``NaN``, which is not JSON), and a stored announcement
+    (``model_dump(mode="json")``) as null: a call's first attempt would run with NaN and every
+    later one (a retry, a re-award, a resend) with None. So they are refused where a call
+    enters (``where`` names its root: ``args``, ``kwargs``, ``input``).
+    """
+    if isinstance(value, float):
+        if math.isnan(value):
+            return f"{where}: NaN is not JSON"
+        if math.isinf(value):
+            return f"{where}: {'-' if value < 0 else ''}Infinity is not JSON"
+        return None
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = non_json_number(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from bidding.config import Settings
 from bidding.errors import ConfigurationError
-from bidding.models import OPTION_KEYS, Announcement, describe_validation
+from bidding.models import OPTION_KEYS, Announcement, describe_validation, non_json_number
 from bidding.strategies.resolver import resolve_strategy, strategy_name
 
 if TYPE_CHECKING:
@@ -66,9 +66,16 @@ def _skill_list(skills: Any) -> list[Any]:
 def arguments_json(task_name: str, args: Sequence[Any] | None,
                    kwargs: Mapping[str, Any] | None) -> str:
     """The JSON of a call's arguments; a clear error, naming the task, if JSON cannot carry
-    them (a new call, or ``self.retry(args=...)``)."""
+    them (a new call, or ``self.retry(args=...)``): NaN and infinity too, naming the argument,
+    since the stored announcement would give every later attempt null instead."""
+    arguments = [list(args or ()), dict(kwargs or {})]
+    odd = non_json_number(arguments[0], "args") or non_json_number(arguments[1], "kwargs")
+    if odd is not None:
+        raise ConfigurationError(
+            f"args/kwargs of {task_name}: {odd}; celery-bidding sends JSON only "
+            "(a retry would run with null)")
     try:
-        return json.dumps([list(args or ()), dict(kwargs or {})])
+        return json.dumps(arguments, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"args/kwargs of {task_name}: not JSON serializable ({exc}); "

@@ -3,7 +3,9 @@
 Every step is a transition (a compare-and-set on the task's state, attempt and node), so a
 redelivered or duplicated execution message is recognised and a task is never finished twice.
 ``complete`` and ``fail`` write the attempt's ledger entry and episode in the same transaction
-as its state, and say what the worker must do next (a ``Verdict``).
+as its state, and say what the worker must do next (a ``Verdict``). Tried again after a lost
+connection whose commit had landed, each returns the verdict it stored (its messages, found by
+the attempt's end time, which every try shares), never a refusal's.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import jsonschema
 from celery.exceptions import SoftTimeLimitExceeded
 from pydantic import ValidationError
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from bidding import clock
@@ -33,9 +35,10 @@ from bidding.execution.retry import RetryPlan, error_text, plan_retry, retry_exc
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import Step, apply, apply_alone, transition
 from bidding.models import BUDGET_EPSILON, Announcement
-from bidding.store import statement_session, write_session
+from bidding.store import read_session, statement_session, write_session
 from bidding.store.engine import is_sqlite
 from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import Message
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +71,10 @@ class Running:
     #: Units the body reported with ``self.report_units``; default: the announced units.
     units: float | None = None
     began: float = 0.0
+    #: When the attempt ended: taken by the first try of ``complete`` or ``fail`` and kept by
+    #: every later one (``store.outage`` tries again after a lost connection), so that a try
+    #: whose first commit landed finds its own messages, as ``begin`` finds its start time.
+    ended: float | None = None
 
 
 @dataclass
@@ -200,13 +207,16 @@ def _episode(session: Session, run: Running, *, success: bool, now: float,
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:
     """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so.
 
-    The two transitions are one UPDATE (``transition.apply``), logged as two messages.
+    The two transitions are one UPDATE (``transition.apply``), logged as two messages. Tried
+    again on the same ``run`` after its commit landed, it returns the verdict stored then.
     """
     if run.rfp is None:
         return Verdict()
+    now, again = _end_time(run)
+    if again and (landed := _landed(settings, run, now)) is not None:
+        return landed
     rfp = run.rfp
     budget = rfp.budget
-    now = clock.now()
     invalid = _schema_error(rfp.output_schema, result)  # pure: outside the write lock
     if invalid is None and not _is_json(result):
         # Celery could not send it either (JSON only): fail it here, saying why, rather than
@@ -248,6 +258,60 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
     return verdict
 
 
+#: The messages that end an attempt on its node, the last one of its end saying its verdict
+#: (``fail`` logs TASK_FAILED, then RETRYING when it retries; ``complete`` TASK_COMPLETED,
+#: then one of the others).
+_ENDINGS: tuple[str, ...] = (journal.TASK_SUCCEEDED, journal.OUTPUT_INVALID,
+                             journal.COST_EXCEEDED, journal.TASK_FAILED, journal.RETRYING)
+
+
+def _end_time(run: Running) -> tuple[float, bool]:
+    """The attempt's end time, and whether an earlier try of ``complete`` or ``fail`` took it
+    (this try follows a lost connection, whose commit may have landed)."""
+    if run.ended is not None:
+        return run.ended, True
+    run.ended = clock.now()
+    return run.ended, False
+
+
+def _landed(settings: Settings, run: Running, now: float) -> Verdict | None:
+    """The verdict this attempt's end stored at ``now``, if its commit landed (its messages,
+    logged by this node at that time, say so); None when it did not."""
+    with read_session(settings.database_url) as session:
+        found = session.execute(
+            select(Message.kind, Message.detail)
+            .where(Message.task_id == run.task_id, Message.node == run.node,
+                   Message.at == now, Message.kind.in_(_ENDINGS))
+            .order_by(Message.id.desc()).limit(1)).first()
+        if found is None:
+            return None
+        verdict = stored_verdict(run.task_id, found.kind, found.detail)
+        spent = (ledger.spent(session, run.task_id)
+                 if found.kind == journal.COST_EXCEEDED else 0.0)
+    logger.info("task %s: its outcome was stored before the connection was lost (%s)",
+                run.task_id, found.kind)
+    if found.kind == journal.COST_EXCEEDED and run.rfp is not None:
+        # The first try lost its connection at the commit, before it could notify.
+        _notify_cost(settings, run, run.rfp.budget or 0.0, spent)
+    return verdict
+
+
+def stored_verdict(task_id: str, kind: str, detail: Mapping[str, Any]) -> Verdict:
+    """The verdict an attempt's end returned, from its last message (``kind``, ``detail``): a
+    retry after the delay it logged (to the millisecond), the error of a failed output or an
+    overrun, or nothing (a success, or a failure whose own exception the worker raises)."""
+    if kind == journal.RETRYING:
+        return Verdict(retry_in=float(detail["delay_s"]))
+    if kind == journal.OUTPUT_INVALID:
+        return Verdict(error=OutputValidationError(str(detail["error"])))
+    if kind == journal.COST_EXCEEDED:
+        # ``fail`` logs why; ``complete`` the budget and what was spent.
+        why = detail.get("why") or (f"spent {float(detail['spent']):.4f} of budget "
+                                    f"{float(detail['budget']):.4f}")
+        return Verdict(error=CostExceededError(f"task {task_id}: {why}"))
+    return Verdict()
+
+
 def _is_json(value: Any) -> bool:
     try:
         json.dumps(value)
@@ -269,11 +333,17 @@ def _schema_error(schema: dict[str, Any] | None, result: Any) -> str | None:
 
 def fail(settings: Settings, run: Running, exc: BaseException,
          rng: random.Random | None = None) -> Verdict:
-    """The body raised: retry (a new auction after the backoff), extend the timeout, or FAILED."""
+    """The body raised: retry (a new auction after the backoff), extend the timeout, or FAILED.
+
+    Tried again on the same ``run`` after its commit landed, it returns the verdict stored then
+    (a retry stays a retry, though the task may be in its next auction by now).
+    """
     if run.rfp is None:
         return Verdict()
+    now, again = _end_time(run)
+    if again and (landed := _landed(settings, run, now)) is not None:
+        return landed
     rfp = run.rfp
-    now = clock.now()
     error = error_text(exc)
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:

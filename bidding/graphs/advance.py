@@ -19,6 +19,7 @@ from typing import Any, cast
 import jsonschema
 from celery import Celery
 from sqlalchemy import CursorResult, select, update
+from sqlalchemy.exc import IntegrityError
 
 from bidding import clock
 from bidding.config import Settings
@@ -36,7 +37,9 @@ logger = logging.getLogger(__name__)
 #: Seconds a graph may go unmoved before a sweeper looks at it.
 IDLE_SECONDS = 2.0
 #: Seconds a started step may lack its announcement before it is announced again (its
-#: announcer died between the two).
+#: announcer died between the two). An announcer that was only slow then announces it too:
+#: whichever of the two commits second finds the step announced and leaves it be
+#: (``_announced_meanwhile``).
 UNANNOUNCED_SECONDS = 30.0
 
 
@@ -328,6 +331,11 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
         app.tasks[step.task_name].apply_async(kwargs=kwargs, task_id=step.task_id,
                                               bidding=options(defn, subtask, remaining))
     except Exception as exc:
+        if _announced_meanwhile(settings, exc, step.task_id):
+            logger.info("graph %s: subtask %s was announced meanwhile by a sweeper (this "
+                        "announce took over %gs); its auction runs it", graph.graph_id, sid,
+                        UNANNOUNCED_SECONDS)
+            return True
         logger.exception("graph %s: announcing subtask %s failed", graph.graph_id, sid)
         with write_session(settings.database_url) as session:
             rows.move_step(session, graph.graph_id, sid, rows.RUNNING, rows.FAILED,
@@ -363,5 +371,23 @@ def _announce_again(settings: Settings, app: Celery, graph: Graph, defn: TaskDef
     remaining = step.budget  # the share it was given when it was started
     logger.warning("graph %s: subtask %s was started but never announced; announcing it",
                    graph.graph_id, step.step_id)
-    app.tasks[step.task_name].apply_async(kwargs=step.input or {}, task_id=step.task_id,
-                                          bidding=options(defn, subtask, remaining))
+    try:
+        app.tasks[step.task_name].apply_async(kwargs=step.input or {}, task_id=step.task_id,
+                                              bidding=options(defn, subtask, remaining))
+    except Exception as exc:
+        if not _announced_meanwhile(settings, exc, step.task_id):
+            raise
+        logger.info("graph %s: subtask %s was announced meanwhile by its slow announcer; "
+                    "its auction runs it", graph.graph_id, step.step_id)
+
+
+def _announced_meanwhile(settings: Settings, exc: BaseException, task_id: str) -> bool:
+    """Whether announcing step task ``task_id`` failed with ``exc`` because another process
+    announced it first: its row's key is taken (IntegrityError) and the row is there. A step
+    is announced twice when its announcer takes longer than ``UNANNOUNCED_SECONDS`` and a
+    sweeper announces it too; the one that commits second must leave it be, not fail it."""
+    if not isinstance(exc, IntegrityError):
+        return False
+    with read_session(settings.database_url) as session:
+        return session.scalar(select(AnnouncementRow.task_id)
+                              .where(AnnouncementRow.task_id == task_id)) is not None

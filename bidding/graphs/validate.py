@@ -14,6 +14,7 @@ from bidding.errors import ConfigurationError
 from bidding.graphs import plan
 from bidding.graphs.spec import Subtask, TaskDefinition
 from bidding.graphs.templates import Reference, TemplateError, references
+from bidding.models import non_json_number
 
 
 class GraphValidationError(ConfigurationError):
@@ -47,6 +48,7 @@ def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
         found.append(f"subtasks {', '.join(dict.fromkeys(cycle))}: depends_on makes a cycle "
                      f"({' -> '.join(cycle)})")
     found += _input_errors(defn, values)
+    found += _non_json_numbers(steps, values)
     if cycle is None:
         tree = plan.ancestors(steps)
         by_id = {s.subtask_id: s for s in steps}
@@ -83,6 +85,15 @@ def _input_errors(defn: TaskDefinition, values: Mapping[str, Any]) -> list[str]:
         problems.append(f"input{'.' + where if where else ''}: {error.message} "
                         "(the task's input JSON schema)")
     return problems
+
+
+def _non_json_numbers(steps: list[Subtask], values: Mapping[str, Any]) -> list[str]:
+    """NaN and infinity in the input values or a subtask's literal input: JSON has neither,
+    and the subtask's stored announcement would run every later attempt with null."""
+    found = [problem] if (problem := non_json_number(dict(values), "input")) else []
+    found += [f"subtask {step.subtask_id}: {problem}" for step in steps
+              if (problem := non_json_number(step.input, "input"))]
+    return found
 
 
 def _template_errors(defn: TaskDefinition, step: Subtask | None, field: str, value: Any,

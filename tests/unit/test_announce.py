@@ -22,7 +22,7 @@ from bidding.auction.candidates import prior_score, select_candidates
 from bidding.auction.scores import learned_trust
 from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError, UnknownStrategyError
-from bidding.models import OPTION_KEYS, Announcement, Bid
+from bidding.models import OPTION_KEYS, Announcement, Bid, non_json_number
 from bidding.nodes.registry import LiveNode
 from bidding.strategies import NodeCapability, WeightedScore
 
@@ -330,6 +330,70 @@ def test_non_json_arguments_are_refused(args, kwargs):
     # then the error names the task and says JSON
     assert "args/kwargs of demo.tasks.extract" in str(info.value)
     assert "JSON" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("value", "where", "found"),
+    [([1, float("nan")], "args", "args[1]: NaN is not JSON"),
+     ({"x": {"y": float("inf")}}, "kwargs", "kwargs['x']['y']: Infinity is not JSON"),
+     ([(1, [-float("inf")])], "args", "args[0][1][0]: -Infinity is not JSON"),
+     ({3: [0.5, {"k": float("nan")}]}, "input", "input[3][1]['k']: NaN is not JSON"),
+     ([1.5, "nan", None, True, {"k": [0.0, -2]}], "args", None)],
+    ids=["nan-in-args", "nested-infinity", "minus-infinity-in-a-tuple", "int-key", "none"],
+)
+def test_a_float_json_cannot_carry_is_found_naming_where_it_is(value, where, found):
+    # given a value, perhaps with NaN or infinity somewhere inside
+    # when it is searched, then the first such float is named with its path, and why
+    assert non_json_number(value, where) == found
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "named"),
+    [([1, float("nan")], None, "args[1]: NaN is not JSON"),
+     (None, {"x": {"y": float("inf")}}, "kwargs['x']['y']: Infinity is not JSON")],
+    ids=["args", "kwargs"],
+)
+def test_nan_or_infinity_in_the_arguments_is_refused_naming_the_argument(args, kwargs, named):
+    # given arguments with NaN or infinity (JSON has neither: a stored task's would be null)
+    with pytest.raises(ConfigurationError) as info:
+        build(args=args, kwargs=kwargs)
+    # then the error names the task, the argument and the reason
+    assert str(info.value).startswith(f"args/kwargs of demo.tasks.extract: {named}")
+
+
+def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced(
+        monkeypatch, store_url):
+    from celery import Celery
+    from sqlalchemy import func, select
+
+    import bidding
+    from bidding.config import celery_conf
+    from bidding.store import read_session
+    from bidding.store.schema import Announcement as AnnouncementRow
+
+    for name in [k for k in os.environ if k.startswith("BIDDING_")]:
+        monkeypatch.delenv(name)
+    app = Celery("t", set_as_current=False)
+    app.conf.update(celery_conf("memory://", "cache+memory://"), bidding_database_url=store_url)
+    bidding.install(app)
+
+    @app.task(base=bidding.BiddingTask, name="demo.tasks.scale", required_skills=["x"],
+              shared=False)
+    def scale(values: list[float], factor: float = 1.0) -> list[float]:
+        """The task body never runs: the call is refused before it is announced."""
+        return [v * factor for v in values]
+
+    # when it is called with NaN nested in a keyword argument
+    with pytest.raises(ValueError) as info:
+        scale.delay([1.0, 2.0], factor=float("nan"))
+    # then the caller gets a bidding error, a ValueError, naming the argument and the reason
+    assert isinstance(info.value, bidding.BiddingError)
+    assert str(info.value) == (
+        "args/kwargs of demo.tasks.scale: kwargs['factor']: NaN is not JSON; celery-bidding "
+        "sends JSON only (a retry would run with null)")
+    # and nothing was announced
+    with read_session(store_url) as session:
+        assert session.scalar(select(func.count()).select_from(AnnouncementRow)) == 0
 
 
 @pytest.mark.parametrize(

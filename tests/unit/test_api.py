@@ -196,6 +196,20 @@ def test_a_definition_that_cannot_run_is_422_naming_the_subtask(client: TestClie
     assert "paper_pdf_url" in str(missing.json()["detail"])
 
 
+def test_a_definition_with_nan_in_its_input_is_422_naming_the_field(client: TestClient) -> None:
+    # given a definition whose input values hold NaN (Python's JSON reader accepts it; JSON
+    # has no NaN, and the subtask's stored announcement would say null)
+    body = ('{"name": "x", "agent_capability": "pdf_text_extraction", '
+            '"input_values": {"paper_pdf_url": "https://example.org/a.pdf", '
+            '"options": {"dpi": NaN}}}')
+    # when it is posted
+    answer = client.post("/aitp/tasks", content=body,
+                         headers={"content-type": "application/json"})
+    # then 422 names the field and says why
+    assert answer.status_code == 422, answer.text
+    assert "input['options']['dpi']: NaN is not JSON" in str(answer.json()["detail"])
+
+
 def test_writes_need_the_token_when_it_is_set(store_url: str) -> None:
     # given an API token
     client = TestClient(create_app(make_app(store_url, bidding_api_token="s3cret")))

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 
 from bidding import clock
-from bidding.store import keep_clock, read_session
 from bidding.store import clock as store_clock
+from bidding.store import keep_clock, read_session
 from tests.unit.conftest import postgres_database
 
 

@@ -247,10 +247,15 @@ def test_complete_charges_the_reported_units(settings: Settings) -> None:
 
 
 def test_complete_twice_changes_nothing_but_the_log(settings: Settings) -> None:
+    # given an attempt completed by one delivery of its message
     rfp = assigned(settings)
     run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
     execution.complete(settings, run, None)
-    assert execution.complete(settings, run, None) == execution.Verdict()
+    # when another delivery of it completes it too (its own run; a try of the same run again
+    # is test_landed_commits')
+    again = execution.Running(rfp.task_id, 1, NODE, execution.Start.REDELIVERED, run.rfp, PRICE)
+    assert execution.complete(settings, again, None) == execution.Verdict()
+    # then nothing changed but the log, which says it was refused
     assert row(settings, rfp.task_id).state == lifecycle.SUCCESS
     assert len(ledger(settings, rfp.task_id)) == len(episodes(settings, rfp.task_id)) == 1
     assert log(settings, rfp.task_id)[3:] == [

@@ -146,6 +146,22 @@ def test_an_input_not_matching_the_schema_is_refused() -> None:
     assert "'paper_pdf_url' is a required property" in message
 
 
+def test_nan_or_infinity_in_the_input_is_refused_naming_where() -> None:
+    # given NaN and infinity in the task's input values and in a subtask's literal input
+    # (JSON has neither: its announcement would store null)
+    spec = paper()
+    spec["input_values"]["weights"] = {"a": [1.0, float("inf")]}
+    spec["subtasks"][1]["input"]["threshold"] = float("nan")
+    message = errors(spec, {**TASKS, "nlp_analysis": FakeTask("demo.analyze", _any)})
+    # then each is named, with the reason
+    assert "input['weights']['a'][1]: Infinity is not JSON" in message
+    assert "subtask subtask_2: input['threshold']: NaN is not JSON" in message
+
+
+def _any(**kwargs: Any) -> dict[str, Any]:
+    return {}
+
+
 def test_a_capability_without_a_task_is_refused() -> None:
     spec = paper()
     spec["subtasks"][2]["agent_capability"] = "summarization"
