@@ -34,7 +34,7 @@ from bidding.execution.report import exception_json, value_json
 from bidding.execution.retry import RetryPlan, error_text, plan_retry, retry_exclusions
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import Step, apply, apply_alone, transition
-from bidding.models import BUDGET_EPSILON, Announcement
+from bidding.models import BUDGET_EPSILON, Announcement, non_json_number
 from bidding.store import read_session, statement_session, write_session
 from bidding.store.engine import is_sqlite
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -223,6 +223,10 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
         # store a success the caller never gets.
         invalid = (f"result is not JSON serializable ({type(result).__name__}); "
                    "celery-bidding sends JSON only")
+    if invalid is None:
+        # Python's json writes NaN anyway; the store (PostgreSQL refuses it) and every
+        # reader after Celery's own (null elsewhere) would not agree on the value.
+        invalid = non_json_number(result, "result")
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
         cost = _charge_and_record(session, run, success=invalid is None, now=now,

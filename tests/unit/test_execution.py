@@ -316,6 +316,20 @@ def test_complete_with_invalid_output_fails(settings: Settings) -> None:
     assert ep.success is False and ep.error == str(verdict.error)
 
 
+def test_a_result_holding_nan_fails_the_task_saying_where(settings: Settings) -> None:
+    # given a running task whose body returns NaN inside its result (not JSON: SQLite stored
+    # it, PostgreSQL refused the write and left the task EXECUTING)
+    rfp = assigned(settings)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    # when its outcome is recorded
+    verdict = execution.complete(settings, run, {"scores": [1.0, float("nan")]})
+    # then the task failed, saying where the NaN is
+    assert isinstance(verdict.error, OutputValidationError)
+    assert "result['scores'][1]: NaN is not JSON" in str(verdict.error)
+    found = row(settings, rfp.task_id)
+    assert found.state == lifecycle.FAILED and found.error == str(verdict.error)
+
+
 def test_complete_with_valid_output_succeeds(settings: Settings) -> None:
     rfp = assigned(settings, output_schema={"type": "object", "required": ["x"]})
     run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
