@@ -59,10 +59,14 @@ def announce(
     if settings.auto_migrate:
         ensure_schema(settings.database_url)
     if delay > 0:
-        with write_session(settings.database_url) as session:
-            session.add(_row(rfp, states.PENDING, [], due_at=rfp.announced_at + delay))
-            journal.record(session, rfp.task_id, journal.SCHEDULED, attempt=rfp.attempt,
-                           at=rfp.announced_at, task_type=rfp.task_type, delay_s=delay)
+        def schedule() -> bool:
+            with write_session(settings.database_url) as session:
+                session.add(_row(rfp, states.PENDING, [], due_at=rfp.announced_at + delay))
+                journal.record(session, rfp.task_id, journal.SCHEDULED, attempt=rfp.attempt,
+                               at=rfp.announced_at, task_type=rfp.task_type, delay_s=delay)
+            return True
+
+        write_new(settings, rfp, f"scheduling {rfp.task_id}", schedule)
     else:
         open_auction(app, settings, rfp, new=True, fresh_id=fresh_id)
     return AsyncResult(rfp.task_id, app=app)
@@ -151,8 +155,8 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
     # A caller's .delay() waits out a store restart (a few seconds) rather than fail; a
     # sweeper's due task is simply taken again by the next sweep.
     try:
-        deferred = (outlasting(settings.database_url, f"announcing {rfp.task_id}", record,
-                               patience=CALLER_PATIENCE) if new else record())
+        deferred = (write_new(settings, rfp, f"announcing {rfp.task_id}", record) if new
+                    else record())
     except Exception as exc:
         if sent:  # Flower was told it is open: it is not (the caller gets the exception)
             events.failed(app, rfp, exc)
@@ -184,6 +188,36 @@ def open_auction(app: Celery, settings: Settings, rfp: Announcement, *, new: boo
             if new:
                 raise  # .delay() raises: the caller knows the task was not accepted
     return True
+
+
+_RECORDED = select(AnnouncementRow.attempt, AnnouncementRow.announced_at).where(
+    AnnouncementRow.task_id == bindparam("task_id"))
+
+
+def write_new(settings: Settings, rfp: Announcement, what: str,
+              write: Callable[[], bool | str]) -> bool | str:
+    """A caller's first write of its new task (``write`` inserts its row), tried again while
+    the store is unreachable for up to ``CALLER_PATIENCE`` seconds; a try whose commit landed
+    while its reply was lost with the connection is known by the row's announcement time, and
+    not written twice (its insert would fail, and ``.delay()`` raise for a task that runs)."""
+    tries: list[int] = []
+
+    def once() -> bool | str:
+        tries.append(1)
+        if len(tries) > 1 and _recorded(settings, rfp):
+            return True
+        return write()
+
+    return outlasting(settings.database_url, what, once, patience=CALLER_PATIENCE)
+
+
+def _recorded(settings: Settings, rfp: Announcement) -> bool:
+    """Whether ``rfp``'s new row is in the store already, written by this very call (its
+    announcement time): an earlier try committed, and only its reply was lost."""
+    with read_session(settings.database_url) as session:
+        found = session.execute(_RECORDED, {"task_id": rfp.task_id}).one_or_none()
+    return (found is not None and found.attempt == rfp.attempt
+            and found.announced_at == rfp.announced_at)
 
 
 def _look(settings: Settings, rfp: Announcement, in_time: bool

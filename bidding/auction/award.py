@@ -42,6 +42,7 @@ from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.engine import core, is_sqlite
+from bidding.store.outage import outlasting, retryable
 from bidding.store.rows import insert_rows
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow
@@ -59,6 +60,9 @@ RESERVATION_TRIES = 3
 #: Seconds an award waits for the announcement's row (bids may complete before the caller's
 #: insert commits; SQLite's writers wait up to 30 s for the lock).
 ROW_WAIT = 30.0
+#: Seconds an awarder waits for the store to tell whether its award's commit landed, when the
+#: reply to it was lost.
+CHECK_PATIENCE = 15.0
 
 
 _OPEN = (
@@ -265,7 +269,53 @@ def _commit_award(
     locks. ``opening`` first writes the announcement (in state BIDDING) in this transaction.
     ``lock``: the nodes to lock and count, when ``decided`` is checked against fewer
     (``bidders``) than it was decided on.
+
+    A commit that landed while its reply was lost with the connection (a failover, a severed
+    connection) is known by its award's time on the row, and the award returned as made: the
+    caller must route it, not announce the task again (its insert would find the row).
     """
+    made: list[Award] = []
+    try:
+        return _write_award_once(settings, rfp, bidders, make_award, answers, write, decided,
+                                 opening, lock, made)
+    except Exception as exc:
+        if not made or not retryable(settings.database_url, exc) \
+                or not _award_landed(settings, rfp, made[0]):
+            raise
+        logger.warning("auction %s: the store's reply to its award was lost (%s); the award "
+                       "is stored: going on", rfp.task_id, type(exc).__name__)
+        return made[0]
+
+
+_LANDED = select(AnnouncementRow.attempt, AnnouncementRow.awarded_at).where(
+    AnnouncementRow.task_id == bindparam("task_id"))
+
+
+def _award_landed(settings: Settings, rfp: Announcement, award: Award) -> bool:
+    """Whether ``award`` of ``rfp`` is the one stored (its attempt and its time)."""
+    def read() -> bool:
+        with read_session(settings.database_url) as session:
+            found = session.execute(_LANDED, {"task_id": rfp.task_id}).one_or_none()
+        return (found is not None and found.attempt == rfp.attempt
+                and found.awarded_at == award.awarded_at)
+    return outlasting(settings.database_url, f"auction {rfp.task_id}: reading its award",
+                      read, patience=CHECK_PATIENCE)
+
+
+def _write_award_once(
+    settings: Settings,
+    rfp: Announcement,
+    bidders: Sequence[str],
+    make_award: Callable[[Sequence[Bid | Refusal], dict[str, int]], Award],
+    answers: Sequence[Bid | Refusal] | AnswersInside,
+    write: bool,
+    decided: tuple[Award, dict[str, int]] | None,
+    opening: Callable[[Session], object] | None,
+    lock: Sequence[str] | None,
+    made: list[Award],
+) -> Award | _Commit:
+    """``_commit_award``'s transaction; the award it writes is put in ``made`` before the
+    commit (so that a commit whose reply was lost can be checked)."""
     with write_session(settings.database_url) as session:
         if opening is not None:
             opening(session)
@@ -296,6 +346,7 @@ def _commit_award(
                 return _Commit.STALE
         if not write_award(session, settings, rfp, answers, award, now_counts, write=write):
             return _Commit.LOST
+        made.append(award)
     return award
 
 

@@ -160,6 +160,88 @@ def test_a_caller_outlasts_a_dropped_store_connection_while_reading_the_live_nod
     assert len(calls) == 2
 
 
+def test_an_award_whose_commit_landed_and_whose_reply_was_lost_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a live ocr node on PostgreSQL, and the first commit of an award that lands while
+    # its reply is lost with the connection (severed just then: a failover, a PgBouncer
+    # restart)
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from bidding.auction import award as award_module
+    from tests.unit.conftest import postgres_database
+
+    with postgres_database() as url:
+        settings = Settings(database_url=url, auto_migrate=False)
+        node(settings, "scanner", ["ocr"])
+        armed = [True]
+
+        def lost(session: Session) -> None:
+            if armed and session.info.get("awarding"):
+                armed.clear()
+                raise OperationalError("COMMIT", {}, ConnectionError(
+                    "server closed the connection unexpectedly"), connection_invalidated=True)
+
+        real_write_award = award_module.write_award
+
+        def marked(session: Session, *args: Any, **kwargs: Any) -> bool:
+            session.info["awarding"] = True
+            return real_write_award(session, *args, **kwargs)
+
+        monkeypatch.setattr(award_module, "write_award", marked)
+        event.listen(Session, "after_commit", lost)
+        try:
+            task = rfp(bid_mode="proxy")
+            # when a task for ocr is announced (its row, bids and award in one commit)
+            assert open_auction(app(), settings, task, new=True)
+        finally:
+            event.remove(Session, "after_commit", lost)
+        # then the lost reply was met, and the task is awarded once, to the node, as stored:
+        # not refused with an IntegrityError, not announced again
+        assert not armed
+        found = row(settings, task.task_id)
+        assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, "scanner")
+        kinds = [kind for kind, _, _, _ in log(settings, task.task_id)]
+        assert kinds.count("ANNOUNCED") == 1 and kinds.count("AWARDED") == 1, kinds
+
+
+def test_an_announcement_whose_commit_landed_and_whose_reply_was_lost_is_accepted() -> None:
+    # given a live ocr node on PostgreSQL that is asked for its bid, and the first commit of
+    # the new task's row landing while its reply is lost with the connection
+    from sqlalchemy import event
+    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.orm import Session
+
+    from tests.unit.conftest import postgres_database
+
+    with postgres_database() as url:
+        settings = Settings(database_url=url, auto_migrate=False)
+        node(settings, "scanner", ["ocr"])
+        armed = [True]
+
+        def lost(session: Session) -> None:
+            if armed:
+                armed.clear()
+                raise OperationalError("COMMIT", {}, ConnectionError(
+                    "server closed the connection unexpectedly"), connection_invalidated=True)
+
+        event.listen(Session, "after_commit", lost)
+        try:
+            task = rfp(bid_mode="ask")
+            # when the task is announced (its write is tried again, as every caller's is)
+            assert open_auction(app(), settings, task, new=True)
+        finally:
+            event.remove(Session, "after_commit", lost)
+        # then the caller is not refused with an IntegrityError: the task is up for bidding,
+        # announced once
+        assert not armed
+        assert row(settings, task.task_id).state == lifecycle.BIDDING
+        kinds = [kind for kind, _, _, _ in log(settings, task.task_id)]
+        assert kinds == ["ANNOUNCED"], kinds
+
+
 def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reason(
     settings: Settings, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
