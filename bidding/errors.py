@@ -51,6 +51,12 @@ class NodeLostError(BiddingError):
     """The winning node went offline (or never started the task) and its fallback is to fail."""
 
 
+class NotRecordedError(BiddingError):
+    """The task's award could not be recorded: the store refused a value of it, or no writer of
+    the write-behind journal could read its entry (written by a newer version). The task is
+    FAILED without running; the message says why."""
+
+
 class UnknownTaskError(BiddingError, LookupError):
     """No announcement with this task id is in the store."""
 

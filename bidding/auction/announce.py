@@ -17,7 +17,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from bidding import clock
-from bidding.auction.award import route_award, strategy_of
+from bidding.auction.award import route_award, stored_award, strategy_of
 from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates, split_by_bidder
 from bidding.auction.close import close_auction
@@ -25,13 +25,13 @@ from bidding.auction.consumer import request_bids
 from bidding.auction.opening import record_new, row_values
 from bidding.auction.proxy import award_by_proxy, post_proxy_answers
 from bidding.auction.request_view import bidder_view
-from bidding.auction.writebehind import award_behind, settle
+from bidding.auction.writebehind import AppendUnknown, award_behind, settle
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import transition
-from bidding.models import Announcement
+from bidding.models import Announcement, Award
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.outage import outlasting
@@ -296,10 +296,19 @@ def _award_behind(app: Celery, settings: Settings, rfp: Announcement,
                   live: Sequence[LiveNode], candidates: Sequence[str]) -> bool:
     """Bid for the candidates and award now into the write-behind journal, then route the
     award. False, with the error logged, when the journal could not take it (Redis down, the
-    board not Redis): the caller then writes the award in the store's transaction."""
+    board not Redis): the caller then writes the award in the store's transaction. When the
+    journal may have taken it (an append whose reply was lost, ``AppendUnknown``), the store
+    decides (``_award_unsure``)."""
     by_name = {node.name: node for node in live}
     try:
         award = award_behind(settings, app, rfp, [by_name[name] for name in candidates])
+    except AppendUnknown as exc:
+        logger.warning("%s; the store decides", exc)
+        try:
+            return _award_unsure(app, settings, rfp, [by_name[name] for name in candidates])
+        except Exception as error:  # Flower was told it is open: it is not (.delay() raises)
+            events.failed(app, rfp, error)
+            raise
     except Exception as exc:  # Redis restarting, say: the store's path still awards it
         logger.warning("journaling the award of %s failed (%s: %s); writing it to the store "
                        "instead", rfp.task_id, type(exc).__name__, exc)
@@ -313,6 +322,41 @@ def _award_behind(app: Celery, settings: Settings, rfp: Announcement,
         except Exception as exc:  # a writer writes the row; the caller still gets its error
             logger.warning("task %s: writing its journaled award failed (%s)", rfp.task_id, exc)
     route_award(app, settings, rfp, award)
+    return True
+
+
+class _WrittenBehind(Exception):
+    """The announcement's row is in the store already: a writer wrote the journal's award."""
+
+
+def _award_unsure(app: Celery, settings: Settings, rfp: Announcement,
+                  candidates: Sequence[LiveNode]) -> bool:
+    """Award ``rfp`` in the store's transaction when the journal may hold an award of it
+    (its append's reply was lost, and Redis could not say), and route whichever award the
+    store keeps.
+
+    The announcement is inserted once, as a writer of the journal's entry inserts it: if a
+    writer wrote the entry first, nothing of this award is written, and the journal's award,
+    read from the store, is routed; if this one is first, the writer skips the entry (and
+    drops its reservation), and the journal's award is never sent. One award either way, and
+    no exception for a task that runs. The store's outage is waited out as the caller's
+    insert waits it out; past that, ``.delay()`` raises, as on the store's path (if the
+    journal had taken the award, a writer writes it later and the task runs: only a store
+    that answers can tell)."""
+    def opening(session: Session) -> None:
+        if not record_new(session, rfp, [n.name for n in candidates], once=True):
+            raise _WrittenBehind  # rolls this award's transaction back
+
+    def award() -> Award | None:
+        try:
+            return award_by_proxy(settings, app, rfp, candidates, opening)
+        except _WrittenBehind:
+            return stored_award(settings, rfp.task_id)
+
+    decided = outlasting(settings.database_url, f"announcing {rfp.task_id}", award,
+                         patience=CALLER_PATIENCE)
+    if decided is not None:
+        route_award(app, settings, rfp, decided)
     return True
 
 

@@ -66,8 +66,9 @@ def _skill_list(skills: Any) -> list[Any]:
 def arguments_json(task_name: str, args: Sequence[Any] | None,
                    kwargs: Mapping[str, Any] | None) -> str:
     """The JSON of a call's arguments; a clear error, naming the task, if JSON cannot carry
-    them (a new call, or ``self.retry(args=...)``): NaN and infinity too, naming the argument,
-    since the stored announcement would give every later attempt null instead."""
+    them or the store cannot keep them (a new call, or ``self.retry(args=...)``): NaN and
+    infinity too, naming the argument, since the stored announcement would give every later
+    attempt null instead."""
     arguments = [list(args or ()), dict(kwargs or {})]
     odd = non_json_number(arguments[0], "args") or non_json_number(arguments[1], "kwargs")
     if odd is not None:
@@ -75,12 +76,55 @@ def arguments_json(task_name: str, args: Sequence[Any] | None,
             f"args/kwargs of {task_name}: {odd}; celery-bidding sends JSON only "
             "(a retry would run with null)")
     try:
-        return json.dumps(arguments, allow_nan=False)
+        payload = json.dumps(arguments, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigurationError(
             f"args/kwargs of {task_name}: not JSON serializable ({exc}); "
             "celery-bidding sends JSON only"
         ) from None
+    # JSON escapes both (as \u0000 and \ud800): only a payload holding such an escape is walked.
+    if "\\u0000" in payload or "\\ud" in payload:
+        refuse_unstorable(f"args/kwargs of {task_name}",
+                          {"args": list(args or ()), "kwargs": dict(kwargs or {})})
+    return payload
+
+
+def unstorable(value: Any, path: str = "") -> tuple[str, str] | None:
+    """Where in ``value`` (JSON: lists, dicts, scalars) a string is that the store cannot keep
+    on every database, and what it holds: a NUL character (PostgreSQL's text and JSON refuse
+    it; SQLite keeps it) or half of a surrogate pair (UTF-8 cannot encode it). None if none."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            return path, "a NUL character"
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path, "half of a surrogate pair (not encodable as UTF-8)"
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            where = f"{path}[{key!r}]" if path else str(key)
+            found = unstorable(key, where + " (its key)") or unstorable(item, where)
+            if found:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            found = unstorable(item, f"{path}[{i}]")
+            if found:
+                return found
+    return None
+
+
+def refuse_unstorable(where: str, value: Any) -> None:
+    """Refuse ``value`` if it holds a string the store cannot keep (``unstorable``), naming
+    where it is: at ``.delay()``, before anything is written, with the journal on or off and
+    on every store (PostgreSQL would refuse it, SQLite would keep it)."""
+    found = unstorable(value)
+    if found is not None:
+        path, what = found
+        raise ConfigurationError(
+            f"{where}: {path} holds {what}, which the store cannot keep on every database "
+            "(PostgreSQL refuses it); remove it, or send the data encoded (base64, say)")
 
 
 def build_announcement(
@@ -116,6 +160,8 @@ def build_announcement(
     merged.update({k: v for k, v in options.items() if v is not None})
     merged["strategy"] = _strategy_spec(merged["strategy"], settings.strategy_allowlist)
     merged["required_skills"] = _skill_list(merged.get("required_skills") or ())
+    # The options too (args and kwargs were checked by arguments_json).
+    refuse_unstorable(f"bidding options of {task.name}", merged)
     try:
         return Announcement(
             task_id=task_id or str(uuid.uuid4()),

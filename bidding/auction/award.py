@@ -218,6 +218,30 @@ def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award
                 award.winner or award.error)
 
 
+_AWARDED = select(
+    AnnouncementRow.state, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
+    AnnouncementRow.outcome, AnnouncementRow.strategy, AnnouncementRow.closed_by,
+    AnnouncementRow.error, AnnouncementRow.awarded_at,
+).where(AnnouncementRow.task_id == bindparam("task_id"))
+
+
+def stored_award(settings: Settings, task_id: str) -> Award | None:
+    """``task_id``'s award as the store holds it, while it is still to be routed (ASSIGNED to
+    its winner, or FAILED by an award without one); None when there is none, or the task has
+    moved on (started, or failed by something other than its award)."""
+    with read_session(settings.database_url) as session:
+        row = session.execute(_AWARDED, {"task_id": task_id}).one_or_none()
+    if row is None or row.outcome not in ("awarded", "fallback", "failed"):
+        return None
+    if not ((row.state == states.ASSIGNED and row.assigned_node)
+            or (row.state == states.FAILED and row.assigned_node is None
+                and row.outcome == "failed")):
+        return None
+    return Award(task_id=task_id, attempt=row.attempt, outcome=row.outcome,
+                 winner=row.assigned_node, strategy=row.strategy, closed_by=row.closed_by or "",
+                 error=row.error, awarded_at=row.awarded_at or clock.now())
+
+
 _EXISTS = select(AnnouncementRow.task_id).where(AnnouncementRow.task_id == bindparam("task_id"))
 
 

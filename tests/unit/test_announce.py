@@ -397,6 +397,35 @@ def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced
 
 
 @pytest.mark.parametrize(
+    ("args", "kwargs", "options", "where", "what"),
+    [([1, "a\x00b"], None, None, "args/kwargs of demo.tasks.extract: args[1]", "NUL"),
+     (None, {"y": {"k\x00": 1}}, None, "kwargs['y']['k\\x00'] (its key)", "NUL"),
+     ([["ok", "\ud800"]], None, None, "args[0][1]", "surrogate"),
+     (None, None, {"preferred_node": "n\x00"}, "bidding options of demo.tasks.extract: "
+      "preferred_node", "NUL")],
+    ids=["nul-in-an-argument", "nul-in-a-key", "lone-surrogate", "nul-in-an-option"],
+)
+def test_a_string_the_store_cannot_keep_is_refused_naming_where_it_is(
+    args: Any, kwargs: Any, options: Any, where: str, what: str,
+) -> None:
+    # given a call whose arguments or options hold a string PostgreSQL cannot keep (a NUL
+    # character; half of a surrogate pair, which UTF-8 cannot encode)
+    # when its announcement is built (in .delay(), before anything is written)
+    with pytest.raises(ConfigurationError) as info:
+        build(args=args, kwargs=kwargs, options=options)
+    # then it is refused, naming where the string is and what it holds
+    assert where in str(info.value) and what in str(info.value)
+
+
+def test_strings_json_escapes_that_every_store_keeps_are_accepted() -> None:
+    # given arguments with a backslash-u-0000 text, an emoji (a surrogate pair in JSON) and
+    # non-ASCII text
+    rfp = build(args=["\\u0000", "\U0001F600", "\u00e9t\u00e9"], kwargs={"k": "\\ud800"})
+    # then they are accepted as they are
+    assert rfp.args == ["\\u0000", "\U0001F600", "\u00e9t\u00e9"]
+
+
+@pytest.mark.parametrize(
     ("options", "field"),
     [({"priority": 12}, "priority"), ({"window": -1}, "window"),
      ({"min_confidence": 1.5}, "min_confidence"), ({"budget": -0.1}, "budget"),

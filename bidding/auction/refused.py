@@ -1,0 +1,116 @@
+"""An award the store will not take: the write-behind journal's entries that cannot be written.
+
+A journaled award is written by a node's writer after ``.delay()`` returned, so a value the
+store refuses (a NUL character on PostgreSQL that an older caller let through, a number past
+a column's range) or an entry no writer can read (written by a newer version) reaches no
+caller as an exception. Such a task ends as a failed call does: FAILED in the store with the
+reason (a row as complete as the store takes), and the caller's result failed with
+:class:`~bidding.errors.NotRecordedError` (``fail_caller``). Its entry then leaves the journal.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from enum import Enum
+
+from celery import Celery
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, StatementError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from bidding import clock
+from bidding.auction.opening import record_new
+from bidding.config import Settings
+from bidding.errors import NotRecordedError
+from bidding.execution.report import REPORT_BACKOFF, exception_json, fail_caller
+from bidding.lifecycle import journal, states
+from bidding.lifecycle.transition import transition
+from bidding.models import Announcement
+from bidding.store import write_session
+
+logger = logging.getLogger(__name__)
+
+
+def refuses(exc: BaseException) -> bool:
+    """Whether writing failed for what the entry holds (the store refused a value: the same
+    write fails every time), rather than because the store cannot be reached or is busy now
+    (then it is tried again later). A bug of ours (any other exception) is neither: it is
+    raised, and the batch is tried again, as before."""
+    if isinstance(exc, (OperationalError, InterfaceError, DisconnectionError, PoolTimeout)):
+        return False  # a server restarting, a lost connection, SQLite's lock held too long
+    # A DBAPI error (PostgreSQL's DataError, an IntegrityError), a value the driver cannot bind
+    # (SQLite's OverflowError, an unencodable string), an entry that does not validate.
+    return isinstance(exc, (StatementError, ValueError, TypeError, ArithmeticError))
+
+
+#: Characters of a reason kept (it goes into the task's error, its caller's and the log).
+REASON_CHARS = 300
+
+
+def reason_of(exc: BaseException) -> str:
+    """The first line of ``exc`` (a driver's error repeats the statement and its values)."""
+    text = str(exc).strip()
+    first = f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+    return first if len(first) <= REASON_CHARS else first[:REASON_CHARS - 4] + " ..."
+
+
+class Failed(Enum):
+    """What ``fail_unrecorded`` did."""
+
+    #: The task is FAILED in the store and its caller's result says why.
+    FAILED = "failed"
+    #: The task's row was there already (written by a writer that could read it, or failed by
+    #: an earlier pass): nothing was done.
+    RECORDED = "recorded"
+
+
+def fail_unrecorded(settings: Settings, app: Celery, rfp: Announcement,
+                    candidates: Sequence[str], reason: str) -> Failed:
+    """End ``rfp``'s task FAILED with ``reason`` in the store and fail its caller's result.
+
+    The row is the announcement's, in state FAILED with a TASK_FAILED message; if the store
+    refuses that too (the refused value is in the announcement), a bare one (the task's id,
+    name and type). Its ``report_due`` makes a sweeper write the failure to the result backend
+    should this process die before it does. Raises when the store cannot be reached (the
+    caller tries again later), not when it refuses even the bare row (logged)."""
+    error = NotRecordedError(f"task {rfp.task_id} was not recorded: {reason}")
+    for row in (rfp, _bare(rfp)):
+        try:
+            if not _write_failed(settings, row, list(candidates), error):
+                return Failed.RECORDED
+            break
+        except Exception as exc:
+            if not refuses(exc):
+                raise
+            logger.warning("task %s: the store refused its FAILED row (%s)", rfp.task_id,
+                           reason_of(exc))
+    else:
+        logger.error("task %s: the store refused even a bare FAILED row; only its caller is "
+                     "told (%s)", rfp.task_id, reason)
+    logger.error("task %s failed: %s", rfp.task_id, reason)
+    try:
+        fail_caller(app, settings, rfp, error)
+    except Exception as exc:  # its row's report_due still reaches the caller
+        logger.warning("task %s: failing its caller's result failed (%s)", rfp.task_id,
+                       reason_of(exc))
+    return Failed.FAILED
+
+
+def _bare(rfp: Announcement) -> Announcement:
+    """The least of ``rfp`` that makes a row: its id, name and type, nothing the caller gave."""
+    return Announcement(task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
+                        announced_at=rfp.announced_at)
+
+
+def _write_failed(settings: Settings, rfp: Announcement, candidates: list[str],
+                  error: NotRecordedError) -> bool:
+    """Write ``rfp``'s row in state FAILED with ``error``; False when a row was there."""
+    now = clock.now()
+    with write_session(settings.database_url) as session:
+        if not record_new(session, rfp, candidates, once=True):
+            return False
+        transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
+                   from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
+                   detail={"error": str(error)}, error=str(error), finished_at=now,
+                   result=exception_json(error), report_due=now + REPORT_BACKOFF)
+    return True
