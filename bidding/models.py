@@ -11,7 +11,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal, get_args
 
 import annotated_types
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError

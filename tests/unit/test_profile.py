@@ -260,10 +260,7 @@ def test_a_profile_with_a_huge_backoff_factor_is_refused_naming_the_key(tmp_path
 )
 def test_every_numeric_value_of_a_profile_is_bounded(tmp_path, table, line, key, allowed):
     # given a profile with one value out of its range (or not a number: nan, inf)
-    if table:
-        text = VALID + f"\n[{table}]\n{line}\n"
-    else:
-        text = with_line(key, line)
+    text = VALID + f"\n[{table}]\n{line}\n" if table else with_line(key, line)
     path = write(tmp_path, text)
     # when it is loaded
     with pytest.raises(ProfileError) as info:
