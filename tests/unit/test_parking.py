@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
-from bidding.auction import close, watchdog
+from bidding.auction import announce, close, watchdog
 from bidding.cli import main
 from bidding.config import Settings
 from bidding.lifecycle import journal
@@ -153,6 +153,28 @@ def test_unreadable_auctions_are_parked_by_the_deadline_closer_and_the_others_cl
         close.close_expired(settings, APP, time.time() + n, limit=5)
     # then the unreadable ones are parked, and the readable one was closed (no bids: failed)
     assert parked(settings, bad) == {f"deadline closer: {UNREADABLE}": 5}
+    assert stored(settings, good.task_id).state == lifecycle.FAILED
+
+
+def test_unreadable_due_tasks_are_parked_by_the_announcer_and_the_others_announced(
+    settings: Settings,
+) -> None:
+    # given 3 deferred tasks due that this version cannot read, and one it can, due after them
+    # (no node can do it: it fails when announced)
+    bad = unreadable(settings, 3, lifecycle.DEFERRED)
+    good = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
+                        required_skills=["nobody_has_it"])
+    with write_session(settings.database_url) as session:
+        session.add(AnnouncementRow(
+            task_id=good.task_id, task_name=good.task_name, task_type=good.task_type,
+            strategy=good.strategy, spec=good.model_dump(mode="json"),
+            state=lifecycle.DEFERRED, attempt=1, candidates=[], expected_bids=0,
+            announced_at=9000.0, closes_at=9002.0, due_at=9000.0))
+    # when the announcer takes at most 3 due tasks a pass, pass after pass
+    for n in range(4):
+        announce.announce_due(settings, APP, time.time() + n, limit=3)
+    # then the unreadable ones are parked, and the readable one was announced (and failed)
+    assert parked(settings, bad) == {f"announcer: {UNREADABLE}": 3}
     assert stored(settings, good.task_id).state == lifecycle.FAILED
 
 
