@@ -118,6 +118,10 @@ class Settings(BaseModel):
     #: Threads per node worker that answer bid requests (in the main process, never queued
     #: behind executions).
     bid_threads: int = Field(4, ge=1, le=256)
+    #: Bid requests that may wait for a bid thread; one more is refused at once, saying the
+    #: node is overloaded (queued, it would be answered after its auction closed, and the
+    #: queue would grow without end while requests come faster than the node answers).
+    bid_queue_size: int = Field(1024, ge=1, le=1_000_000)
     #: Seconds between a node worker's sweeps for auctions past their window.
     sweep_interval: float = Field(0.2, gt=0, le=60)
     #: Number of a node's latest episodes of a task type that make its experience score.
