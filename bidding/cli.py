@@ -205,7 +205,8 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
 @click.option("--json", "as_json", is_flag=True, help="Print what was cleared as JSON.")
 def reset(task_id: str, app_name: str | None, database_url: str | None, as_json: bool) -> None:
     """Clear TASK_ID's checking state (checks without news, next check, escalation) and put it
-    back under watch: its next check comes bidding_initial_check_wait_time from now."""
+    back under watch: its next check comes bidding_initial_check_wait_time from now. A task
+    the sweepers parked (shown by `bidding status`) is scanned again."""
     from bidding.observe.reset import reset as do_reset
 
     settings = _settings(app_name, database_url)

@@ -31,6 +31,16 @@ ENV_NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("BIDDING_TEST_", "BIDDING_IT_")
 ENV_NOT_SETTINGS: frozenset[str] = frozenset({"BIDDING_DEMO_CONFIG"})
 
 
+#: Bounds of seed 002's checking policy: the ``bidding_*check*`` settings and a node profile's
+#: ``[checking]`` table alike. A factor above 10 or waits beyond these say nothing a smaller
+#: value would not (the wait reaches its cap within a few checks), and unbounded they let a
+#: profile's ``check_backoff_factor = 1e40`` overflow a float at its eighth check.
+CHECK_WAIT_LIMIT = 86_400.0
+MAX_CHECK_WAIT_LIMIT = 7 * 86_400.0
+BACKOFF_FACTOR_LIMIT = 10.0
+CHECK_ATTEMPTS_LIMIT = 1000
+
+
 class Settings(BaseModel):
     """Every ``bidding_*`` setting with its default. Field ``x`` is ``app.conf.bidding_x``."""
 
@@ -111,6 +121,10 @@ class Settings(BaseModel):
     #: Threads per node worker that answer bid requests (in the main process, never queued
     #: behind executions).
     bid_threads: int = Field(4, ge=1, le=256)
+    #: Bid requests that may wait for a bid thread; one more is refused at once, saying the
+    #: node is overloaded (queued, it would be answered after its auction closed, and the
+    #: queue would grow without end while requests come faster than the node answers).
+    bid_queue_size: int = Field(1024, ge=1, le=1_000_000)
     #: Seconds between a node worker's sweeps for auctions past their window.
     sweep_interval: float = Field(0.2, gt=0, le=60)
     #: Number of a node's latest episodes of a task type that make its experience score.
@@ -130,14 +144,14 @@ class Settings(BaseModel):
     hard_timeout_grace: float = Field(5.0, ge=0)
     #: Seed 002's watch of delegated (ASSIGNED or EXECUTING) tasks, when no award, start or
     #: progress report is news: the first check this many seconds after the latest one...
-    initial_check_wait_time: float = Field(30.0, gt=0)
+    initial_check_wait_time: float = Field(30.0, gt=0, le=CHECK_WAIT_LIMIT)
     #: ...each check that finds no news multiplies the wait by this factor...
-    check_backoff_factor: float = Field(2.0, ge=1)
+    check_backoff_factor: float = Field(2.0, ge=1, le=BACKOFF_FACTOR_LIMIT)
     #: ...up to this many seconds between checks...
-    max_check_wait_time: float = Field(1800.0, gt=0)
+    max_check_wait_time: float = Field(1800.0, gt=0, le=MAX_CHECK_WAIT_LIMIT)
     #: ...and after this many checks without news the task is escalated (a flag, the task
     #: keeps running). A node's profile may set its own in a ``[checking]`` table.
-    max_check_attempts: int = Field(10, ge=1)
+    max_check_attempts: int = Field(10, ge=1, le=CHECK_ATTEMPTS_LIMIT)
     #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.
     notify_url: str | None = None
     notify_timeout: float = Field(5.0, gt=0)
@@ -211,7 +225,7 @@ def load_settings(
     try:
         return Settings(**values)
     except ValidationError as exc:
-        reason = describe_validation(exc, CONF_PREFIX, from_env)
+        reason = describe_validation(exc, CONF_PREFIX, from_env, model=Settings)
         raise ConfigurationError(f"invalid settings: {reason}") from None
 
 

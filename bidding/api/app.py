@@ -103,7 +103,7 @@ def _task_state(s: TaskStatus) -> TaskState:
     return TaskState(
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
         current_step=1, estimated_completion=_estimate_task(s, clock.now()),
-        cost_so_far=s.cost_so_far, watch=s.watch)
+        cost_so_far=s.cost_so_far, watch=s.watch, parked=s.parked)
 
 
 def _per_step(url: str, graph_id: str, fn: Callable[[str], T]) -> dict[str, T]:

@@ -60,6 +60,10 @@ class TaskState(BaseModel):
     #: without news, the next check, and ``escalated`` with its ``reason`` (a flag for a
     #: human: the task keeps running). None for a task graph or a task not on a node.
     watch: WatchView | None = None
+    #: Why the sweepers stopped looking at a plain task (one of their scans failed on it pass
+    #: after pass: an announcement this version cannot read); ``reset`` puts it back. None
+    #: while it is not parked.
+    parked: str | None = None
 
 
 class TaskResult(BaseModel):

@@ -29,7 +29,7 @@ from bidding.auction.writebehind import AppendUnknown, award_behind, settle
 from bidding.config import Settings
 from bidding.errors import EscalatedError, NoBidsError
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import events, journal, states
+from bidding.lifecycle import events, journal, parking, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, Award
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
@@ -424,27 +424,42 @@ def escalate(app: Celery, settings: Settings, rfp: Announcement, reason: str) ->
 
 
 _DUE = (
-    select(AnnouncementRow.spec)
+    select(AnnouncementRow.spec, AnnouncementRow.task_id, AnnouncementRow.state,
+           AnnouncementRow.attempt, AnnouncementRow.scan_failures)
     .where(AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
-           AnnouncementRow.due_at <= bindparam("now"))
-    .order_by(AnnouncementRow.due_at)
+           AnnouncementRow.due_at <= bindparam("now"), parking.UNPARKED)
+    .order_by(AnnouncementRow.due_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 
 
 def announce_due(settings: Settings, app: Celery, now: float | None = None,
                  limit: int = 100) -> int:
-    """Announce every task whose scheduled start, retry backoff or deferral has come."""
+    """Announce every task whose scheduled start, retry backoff or deferral has come.
+
+    One task at a time: one that fails (an announcement this version cannot read) must not
+    stop the others; it stays the first due, so it is counted, and parked if it keeps
+    failing (``lifecycle.parking``)."""
     now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
-        due = session.execute(_DUE, {"now": now, "limit": limit}).scalars().all()
+        due = session.execute(_DUE, {"now": now, "limit": limit}).all()
     opened = 0
-    for spec in due:
-        rfp = Announcement.model_validate(spec).model_copy(update={"announced_at": now})
-        if rfp.deadline is not None and now > rfp.deadline:
-            _expire(settings, app, rfp)
-        elif open_auction(app, settings, rfp, new=False):
-            opened += 1
+    tally = parking.Tally("announcer")
+    for spec, *read in due:
+        seen = parking.Seen(*read)
+        try:
+            rfp = Announcement.model_validate(spec).model_copy(update={"announced_at": now})
+            if rfp.deadline is not None and now > rfp.deadline:
+                _expire(settings, app, rfp)
+            elif open_auction(app, settings, rfp, new=False):
+                opened += 1
+        except Exception as exc:
+            tally.failure(seen, exc)
+            if parking.is_outage(exc):
+                break  # the store or the broker is down: the next tasks would wait on it too
+        else:
+            tally.success(seen)
+    tally.save(settings.database_url)
     return opened
 
 

@@ -33,7 +33,7 @@ from bidding.auction.response import InvalidResponse, failed_answer, judged
 from bidding.errors import ProfileError
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import LLM_BIDDER, NodeProfile
-from bidding.nodes.timed import Outcome, TimedCalls
+from bidding.nodes.timed import Outcome, Overloaded, TimedCalls
 from bidding.strategies.resolver import IMPORT_ERRORS, import_path
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,9 @@ Bidder = Callable[[Announcement, Bid], Any]
 #: Threads a node's bidder calls run on. A call past its timeout keeps its thread until it
 #: returns; calls that find every thread busy wait, and are refused at their timeout.
 BIDDER_THREADS = 16
+#: Calls that may wait for a bidder thread; one more is refused at once (the node is
+#: overloaded: its bidder is stuck, or slower than the requests come).
+BIDDER_QUEUE = 256
 
 
 def import_bidder(spec: str, source: str = "<profile>") -> Bidder:
@@ -83,13 +86,16 @@ def call_bidder(fn: Bidder, rfp: Announcement, draft: Bid) -> Any:
 class NodeBidder:
     """A node's bidder and the threads it runs on; ``ask`` never blocks its caller."""
 
-    def __init__(self, profile: NodeProfile, fn: Bidder) -> None:
+    def __init__(self, profile: NodeProfile, fn: Bidder, *, threads: int = BIDDER_THREADS,
+                 queue: int = BIDDER_QUEUE) -> None:
         assert profile.bidder is not None
         self.spec: str = profile.bidder
         self.node = profile.name
         self.fn = fn
         self.timeout = profile.bidder_timeout_s
-        self.calls = TimedCalls(f"bidder-{profile.name}", BIDDER_THREADS)
+        self.calls = TimedCalls(f"bidder-{profile.name}", threads, queue)
+        #: Refusing for overload now (see ``ask``).
+        self.overloaded = False
 
     def ask(self, rfp: Announcement, draft: Bid, expires_at: float | None,
             then: Callable[[Bid | Refusal], None]) -> None:
@@ -104,7 +110,20 @@ class NodeBidder:
         def done(outcome: Outcome) -> None:
             then(self.answer(draft, outcome, timeout, by_window))
 
-        self.calls.submit(lambda: call_bidder(self.fn, rfp, draft), timeout, done)
+        try:
+            self.calls.submit(lambda: call_bidder(self.fn, rfp, draft), timeout, done)
+        except Overloaded as exc:
+            # Answered at once, on the caller's thread: queued, it would be refused at its
+            # timeout anyway, and the queue would grow while the bidder is stuck. Logged when
+            # it starts, not for every request refused.
+            reason = f"its bidder {self.spec} is overloaded: {str(exc).split(': ', 1)[1]}"
+            if not self.overloaded:
+                self.overloaded = True
+                logger.warning("node %s: %s; bids are refused at once until it catches up",
+                               self.node, reason)
+            then(failed_answer(draft, self.spec, reason, clock.now()))
+        else:
+            self.overloaded = False
 
     def answer(self, draft: Bid, outcome: Outcome, timeout: float,
                by_window: bool = False) -> Bid | Refusal:

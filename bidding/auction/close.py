@@ -17,7 +17,7 @@ from bidding import clock
 from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
-from bidding.lifecycle import events, journal, states
+from bidding.lifecycle import events, journal, parking, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, Award, Refusal
 from bidding.store import read_session, write_session
@@ -94,25 +94,33 @@ def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bo
 
 
 _EXPIRED = (
-    select(AnnouncementRow.task_id, AnnouncementRow.attempt)
+    select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.scan_failures)
     .where(AnnouncementRow.state == states.BIDDING,
-           AnnouncementRow.closes_at <= bindparam("now"))
-    .order_by(AnnouncementRow.closes_at)
+           AnnouncementRow.closes_at <= bindparam("now"), parking.UNPARKED)
+    .order_by(AnnouncementRow.closes_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 
 
 def close_expired(settings: Settings, app: Celery, now: float | None = None,
                   limit: int = 100) -> int:
-    """Close every open auction past its window (the deadline closer); returns how many."""
+    """Close every open auction past its window (the deadline closer); returns how many.
+
+    An auction it fails to close stays the oldest past its window: it is counted, and parked
+    if it keeps failing (``lifecycle.parking``), so that it cannot hold up the others."""
     now = clock.now() if now is None else now
     with read_session(settings.database_url) as session:
         due = session.execute(_EXPIRED, {"now": now, "limit": limit}).all()
     closed = 0
-    for task_id, attempt in due:
+    tally = parking.Tally("deadline closer")
+    for task_id, attempt, failures in due:
+        seen = parking.Seen(task_id, states.BIDDING, attempt, failures)
         try:
             if close_auction(settings, app, task_id, attempt, closed_by="deadline") is not None:
                 closed += 1
-        except Exception:  # the next sweep tries again; the others still close now
-            logger.exception("closing auction %s at its deadline failed", task_id)
+        except Exception as exc:  # the next sweep tries again; the others still close now
+            tally.failure(seen, exc)
+        else:
+            tally.success(seen)
+    tally.save(settings.database_url)
     return closed

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import Celery, bootsteps
@@ -32,6 +31,7 @@ from bidding.auction.history import place_bid
 from bidding.auction.request_view import bidder_view
 from bidding.config import Settings, get_settings
 from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes.bounded import BoundedPool
 from bidding.nodes.periodic import Periodic
 from bidding.nodes.profile import NodeProfile, bid_queue, current_profile, profile_source
 from bidding.store import write_session
@@ -98,18 +98,10 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
     When the answer completes the auction, the award runs here, or through ``defer`` (an
     executor's ``submit``) so that the caller can take the next request meanwhile.
     """
-    try:
-        rfp = Announcement.model_validate(body["announcement"])
-        node = str(body["node"])
-        expires_at = float(body.get("expires_at") or 0)
-        expected = int(body.get("expected") or 0)
-        full = not body.get("partial")
-    except (KeyError, TypeError, ValueError, ValidationError):
-        logger.exception("malformed bid request dropped: %.200r", body)
+    request = _request(body)
+    if request is None:
         return None
-    if expires_at and clock.now() > expires_at:
-        logger.info("bid request for %s arrived after its auction closed; dropped", rfp.task_id)
-        return None
+    rfp, node, expires_at, expected, full = request
     response: Bid | Refusal
     try:
         if profile is None:
@@ -153,6 +145,41 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
                                bidder=bidder.spec)
     post(response)
     return response
+
+
+def _request(body: dict[str, Any]) -> tuple[Announcement, str, float, int, bool] | None:
+    """A bid request's announcement, node, expiry, expected answers and whether the
+    announcement is whole; None (logged) when it is malformed or its auction has closed."""
+    try:
+        rfp = Announcement.model_validate(body["announcement"])
+        node = str(body["node"])
+        expires_at = float(body.get("expires_at") or 0)
+        expected = int(body.get("expected") or 0)
+        full = not body.get("partial")
+    except (KeyError, TypeError, ValueError, ValidationError):
+        logger.exception("malformed bid request dropped: %.200r", body)
+        return None
+    if expires_at and clock.now() > expires_at:
+        logger.info("bid request for %s arrived after its auction closed; dropped", rfp.task_id)
+        return None
+    return rfp, node, expires_at, expected, full
+
+
+def refuse(settings: Settings, app: Celery, body: dict[str, Any], reason: str,
+           defer: Callable[..., Any] | None = None) -> Refusal | None:
+    """Answer ``body`` at once with a refusal that says ``reason`` (the node could not bid:
+    no verdict on the task) and record it; never raises. None when the request is dropped."""
+    request = _request(body)
+    if request is None:
+        return None
+    rfp, node, _, expected, full = request
+    refusal = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt, reason=reason,
+                      failed=True)
+    try:
+        record_answer(settings, app, rfp, refusal, expected, defer, full=full)
+    except Exception:  # the sweeper still closes the auction at its deadline
+        logger.exception("could not record the refusal of %s on %s", node, rfp.task_id)
+    return refusal
 
 
 def record_answer(settings: Settings, app: Celery, rfp: Announcement,
@@ -236,6 +263,54 @@ class RequestListener:
         self.handle(body)
 
 
+class BidThreads:
+    """A node's bid threads (``bidding_bid_threads``) with room for ``bidding_bid_queue_size``
+    requests waiting. A request that finds them full is refused at once, saying the node is
+    overloaded; an award finding them full runs on the thread whose answer completed its
+    auction (it must not be dropped: that thread waits for it instead)."""
+
+    def __init__(self, settings: Settings, app: Celery, profile: NodeProfile,
+                 bidder: NodeBidder | None) -> None:
+        self.settings = settings
+        self.app = app
+        self.profile = profile
+        self.bidder = bidder
+        self.pool = BoundedPool(settings.bid_threads, settings.bid_queue_size,
+                                f"bid-{profile.name}")
+        #: Refusing for overload now (logged when it starts and when it ends, not per request).
+        self._overloaded = False
+
+    def submit(self, body: dict[str, Any]) -> bool:
+        """Answer ``body`` on a bid thread; False when it was refused at once instead."""
+        if self.pool.try_submit(answer, self.settings, self.app, self.profile, body,
+                                bidder=self.bidder):
+            if self._overloaded:
+                self._overloaded = False
+                logger.warning("node %s: bid requests are queued again", self.profile.name)
+            return True
+        reason = (f"node {self.profile.name} overloaded: {self.pool.threads} bid thread(s) "
+                  f"busy and {self.pool.queue} request(s) waiting (bidding_bid_queue_size)")
+        if not self._overloaded:
+            self._overloaded = True
+            logger.warning("%s; bid requests are refused at once until it catches up", reason)
+        refuse(self.settings, self.app, body, reason, defer=self.defer)
+        return False
+
+    def answer_here(self, body: dict[str, Any]) -> None:
+        """Answer ``body`` on this thread; an award it leads to runs on a bid thread."""
+        answer(self.settings, self.app, self.profile, body, defer=self.defer,
+               bidder=self.bidder)
+
+    def defer(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` on a bid thread, or here when every one is taken."""
+        if not self.pool.try_submit(fn, *args):
+            fn(*args)
+
+    def shutdown(self) -> None:
+        """Finish the bids in progress; drop those waiting."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
 class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery is untyped
     """Consume ``bids.<node>`` in the worker's main process and answer from a thread pool."""
 
@@ -249,7 +324,7 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
         self.profile = current_profile(self.settings)
         # Resolved (and checked) when the worker started (app.NodeStep): cached here.
         self.bidder = node_bidder(self.profile, profile_source(self.settings))
-        self.pool: ThreadPoolExecutor | None = None
+        self.threads: BidThreads | None = None
         self.listener: RequestListener | None = None
 
     def get_consumers(self, channel: Any) -> list[Consumer]:
@@ -257,9 +332,8 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
         (nothing for a worker without a profile)."""
         if self.profile is None:
             return []
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(self.settings.bid_threads,
-                                           thread_name_prefix=f"bid-{self.profile.name}")
+        if self.threads is None:
+            self.threads = BidThreads(self.settings, self.app, self.profile, self.bidder)
         board = get_board(self.settings, self.app)
         if isinstance(board, RedisBoard):
             if self.listener is None:
@@ -278,15 +352,13 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
 
     def answer_here(self, body: dict[str, Any]) -> None:
         """Answer ``body`` on this thread; an award it leads to runs on a bid thread."""
-        if self.pool is not None:
-            answer(self.settings, self.app, self.profile, body, defer=self.pool.submit,
-                   bidder=self.bidder)
+        if self.threads is not None:
+            self.threads.answer_here(body)
 
     def submit(self, body: dict[str, Any]) -> None:
-        """Answer ``body`` on a bid thread."""
-        if self.pool is not None:
-            self.pool.submit(answer, self.settings, self.app, self.profile, body,
-                             bidder=self.bidder)
+        """Answer ``body`` on a bid thread (or refuse it at once: the node is overloaded)."""
+        if self.threads is not None:
+            self.threads.submit(body)
 
     def stop(self, consumer: Any) -> None:
         """Stop taking bid requests (the connection is lost, or the worker stops)."""
@@ -299,6 +371,6 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
         if self.listener is not None:
             self.listener.stop()
         super().shutdown(consumer)
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        if self.threads is not None:
+            self.threads.shutdown()
+            self.threads = None

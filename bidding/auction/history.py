@@ -9,7 +9,9 @@ cached while the node's history version on the bid board holds.
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import cast
 
@@ -193,7 +195,20 @@ def read_histories(
             for name in names}
 
 
-_history: dict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = {}
+#: The most histories a process keeps: one per (store, node, task type). Task types are the
+#: callers' to choose, so nothing else bounds them; the least recently used entry goes first,
+#: and an evicted one only costs its next bid a read of the store.
+HISTORY_CACHE_LIMIT = 2048
+
+_history: OrderedDict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = (
+    OrderedDict())
+#: Bid threads read and fill the cache at once: an LRU's reordering is not atomic.
+_history_lock = threading.Lock()
+
+
+def history_cache_size() -> int:
+    """How many histories this process has cached."""
+    return len(_history)
 
 
 def cached_history(settings: Settings, node: str, task_type: str, now: float | None = None,
@@ -214,31 +229,39 @@ def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
     """``cached_history`` of several nodes: the ones not cached (or changed) are read together
     (``gather_histories``); ``versions`` are their history versions on the bid board."""
     ttl = settings.history_cache_seconds
-    clock = time.monotonic()
+    seen = time.monotonic()
     out: dict[str, NodeHistory] = {}
     stale: list[str] = []
-    for node in nodes:
-        version = versions.get(node)
-        hit = _history.get((settings.database_url, node, task_type))
-        # Without a version (the store board, e.g. on RabbitMQ) nothing says when the record
-        # changed: read it every time rather than bid on a stale one.
-        if (ttl > 0 and version is not None and hit is not None and clock - hit[0] < ttl
-                and hit[1] == version):
-            out[node] = hit[2]
-        else:
-            stale.append(node)
+    with _history_lock:
+        for node in nodes:
+            version = versions.get(node)
+            key = (settings.database_url, node, task_type)
+            hit = _history.get(key)
+            # Without a version (the store board, e.g. on RabbitMQ) nothing says when the
+            # record changed: read it every time rather than bid on a stale one.
+            if (ttl > 0 and version is not None and hit is not None and seen - hit[0] < ttl
+                    and hit[1] == version):
+                out[node] = hit[2]
+                _history.move_to_end(key)
+            else:
+                stale.append(node)
     if stale:
         read = gather_histories(settings, stale, task_type, now)
-        for node, history in read.items():
-            _history[(settings.database_url, node, task_type)] = (clock, versions.get(node),
-                                                                  history)
+        with _history_lock:
+            for node, history in read.items():
+                key = (settings.database_url, node, task_type)
+                _history[key] = (seen, versions.get(node), history)
+                _history.move_to_end(key)
+            while len(_history) > HISTORY_CACHE_LIMIT:
+                _history.popitem(last=False)
         out.update(read)
     return out
 
 
 def forget_history() -> None:
     """Drop cached histories (tests, and after this process changed a node's record)."""
-    _history.clear()
+    with _history_lock:
+        _history.clear()
 
 
 def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,

@@ -33,7 +33,7 @@ from bidding.errors import NodeLostError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
 from bidding.execution.episodes import record_episode
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import events, journal, states
+from bidding.lifecycle import events, journal, parking, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.incarnation import Ended, end_stale, live_slots
@@ -57,14 +57,18 @@ _RUNNER_ALIVE = (
 _LOST = (
     select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
            AnnouncementRow.state, AnnouncementRow.spec, AnnouncementRow.awarded_at,
-           AnnouncementRow.worker, AnnouncementRow.boot_id)
-    .where(AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)),
+           AnnouncementRow.worker, AnnouncementRow.boot_id, AnnouncementRow.scan_failures)
+    .where(AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)), parking.UNPARKED,
            or_(AnnouncementRow.assigned_node.not_in(bindparam("alive", expanding=True)),
                and_(AnnouncementRow.state == states.ASSIGNED,
                     AnnouncementRow.due_at <= bindparam("now")),
                # running on a worker that restarted, or died while its node lives on
                and_(AnnouncementRow.state == states.EXECUTING,
                     AnnouncementRow.worker.is_not(None), ~_RUNNER_ALIVE)))
+    # Oldest award first, so that every pass takes the same tasks in the same order: a task
+    # it fails on is parked after a few passes (``lifecycle.parking``), and the ones behind
+    # come up (with no order, the same failing tasks could fill the batch for good).
+    .order_by(AnnouncementRow.awarded_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 #: What says whether an ASSIGNED attempt's message was sent: the last of these in its log
@@ -156,19 +160,25 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
     seen = _Seen(alive, {n.name for n in query_live_nodes(settings, now)}, delivery, boots,
                  now)
     moved = 0
+    tally = parking.Tally("watchdog")
     for row in rows:
         # One task at a time: a failure (a spec that does not load, the store or the broker
-        # failing midway) must not stop the others of this sweep.
+        # failing midway) must not stop the others of this sweep. It is counted on the task
+        # (parked if it keeps failing) and logged once, not a traceback every pass.
+        scanned = parking.Seen(row.task_id, row.state, row.attempt, row.scan_failures)
         try:
             moved += _check_winner(settings, app, row, seen)
-        except Exception:
-            logger.exception("watchdog: checking the winner of %s failed", row[0])
+        except Exception as exc:
+            tally.failure(scanned, exc)
+        else:
+            tally.success(scanned)
+    tally.save(settings.database_url)
     return moved, len(alive)
 
 
 def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int:
     """Re-place or resend one task found lost, late or undelivered; 1 when it moved."""
-    task_id, attempt, node, state, spec, awarded_at, worker, boot = row
+    task_id, attempt, node, state, spec, awarded_at, worker, boot = row[:8]
     now = seen.now
     rfp = Announcement.model_validate(spec)
     dead = node not in seen.alive

@@ -34,7 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from bidding import clock
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import journal, parking, states
 from bidding.store.schema import Announcement as AnnouncementRow
 
 _TABLE: Final = cast(Table, AnnouncementRow.__table__)
@@ -241,6 +241,8 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step],
         # state belongs to the delegation, so its watch starts again from this award (an
         # escalation of the node that lost it must not hold the new one back for 30 minutes).
         values = {**WATCH_CLEARED, **values}
+    # The task moves on: what a sweeper's scan failed on was about where it was (parking).
+    values = {**parking.CLEARED, **values}
     at = clock.now() if at is None else at
     if session.autoflush:
         session.flush()  # what an ORM statement's autoflush did: pending rows are visible

@@ -17,9 +17,17 @@ REPEAT_EVERY = 10
 
 def pause_after(interval: float, failures: int) -> float:
     """Seconds before the next call of a loop whose last ``failures`` calls failed."""
-    if failures <= 0:
+    if failures <= 0 or not interval > 0:
         return interval
-    return min(interval * 2.0 ** failures, max(interval, BACKOFF_CAP))
+    cap = max(interval, BACKOFF_CAP)
+    # Doubling past the cap only overflows (2.0 ** 1024 raises, after 85 minutes of failures at
+    # the cap, and would end the loop): stop doubling once the cap is reached.
+    pause = interval
+    for _ in range(failures):
+        pause *= 2.0
+        if pause >= cap:
+            return cap
+    return pause
 
 
 class Periodic:

@@ -34,7 +34,13 @@ from pydantic import (
     field_validator,
 )
 
-from bidding.config import Settings
+from bidding.config import (
+    BACKOFF_FACTOR_LIMIT,
+    CHECK_ATTEMPTS_LIMIT,
+    CHECK_WAIT_LIMIT,
+    MAX_CHECK_WAIT_LIMIT,
+    Settings,
+)
 from bidding.errors import ProfileError
 from bidding.models import describe_validation, skill_names
 
@@ -68,10 +74,11 @@ class CheckingProfile(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    initial_check_wait_time: float | None = Field(None, gt=0)
-    check_backoff_factor: float | None = Field(None, ge=1)
-    max_check_wait_time: float | None = Field(None, gt=0)
-    max_check_attempts: int | None = Field(None, ge=1)
+    # The bounds of the settings of the same names (bidding.config).
+    initial_check_wait_time: float | None = Field(None, gt=0, le=CHECK_WAIT_LIMIT)
+    check_backoff_factor: float | None = Field(None, ge=1, le=BACKOFF_FACTOR_LIMIT)
+    max_check_wait_time: float | None = Field(None, gt=0, le=MAX_CHECK_WAIT_LIMIT)
+    max_check_attempts: int | None = Field(None, ge=1, le=CHECK_ATTEMPTS_LIMIT)
 
     def overrides(self) -> dict[str, float | int] | None:
         """The keys the profile sets (None when it sets none), as the node's row stores them."""
@@ -87,8 +94,9 @@ class NodeProfile(BaseModel):
     name: str = Field(pattern=NODE_NAME_PATTERN)
     capabilities: list[str] = Field(min_length=1)
     capacity: int = Field(4, ge=1, le=10_000)
-    price_per_unit: float = Field(0.01, ge=0)
-    latency_ms: float = Field(50.0, ge=0)
+    # Bounded so that no arithmetic on them (a bid's cost, its latency score) can overflow.
+    price_per_unit: float = Field(0.01, ge=0, le=1_000_000)
+    latency_ms: float = Field(50.0, ge=0, le=3_600_000)
     trust: float = Field(70.0, ge=0, le=100)
     description: str = ""
     #: The ``[checking]`` table: how the tasks delegated to this node are watched.
@@ -151,7 +159,7 @@ def parse_profile(data: dict[str, object], source: str = "<profile>") -> NodePro
     except ValidationError as exc:
         valid = ", ".join(NodeProfile.model_fields)
         raise ProfileError(
-            f"{source}: {describe_validation(exc)} (valid keys: {valid})"
+            f"{source}: {describe_validation(exc, model=NodeProfile)} (valid keys: {valid})"
         ) from None
 
 

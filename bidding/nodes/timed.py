@@ -6,9 +6,11 @@ that hands it a bid request must not wait for it: a node answers its other bid r
 runs its executions, meanwhile. ``TimedCalls.submit`` therefore returns at once; the call runs
 on the pool, and one watcher thread reports the calls whose deadline passes first. A call that
 outlives its deadline keeps its pool thread until it returns (Python cannot stop a thread):
-the pool is sized for that, and a call still queued at its deadline is dropped unrun. The
-threads are daemons, so a call that never returns does not keep its worker from exiting
-(``concurrent.futures`` joins its threads at exit).
+the pool is sized for that, and a call still queued at its deadline is dropped unrun. At most
+``limit`` calls wait for a thread: one more is refused at once (``Overloaded``), so that a
+stuck function cannot pile up calls without end. The threads are daemons, so a call that
+never returns does not keep its worker from exiting (``concurrent.futures`` joins its threads
+at exit).
 """
 
 from __future__ import annotations
@@ -56,12 +58,18 @@ class _Call:
             logger.exception("reporting a timed call's outcome failed")
 
 
-class TimedCalls:
-    """A pool of ``threads`` threads running calls, each reported once (``submit``)."""
+class Overloaded(RuntimeError):
+    """``TimedCalls.submit`` found ``limit`` calls waiting for a thread already."""
 
-    def __init__(self, name: str, threads: int) -> None:
+
+class TimedCalls:
+    """A pool of ``threads`` threads running calls, each reported once (``submit``), with at
+    most ``limit`` calls waiting for a thread."""
+
+    def __init__(self, name: str, threads: int, limit: int) -> None:
         self.name = name
         self.threads = threads
+        self.limit = limit
         self._queue: queue.SimpleQueue[tuple[Callable[[], Any], _Call] | None] = (
             queue.SimpleQueue())
         self._workers: list[threading.Thread] = []
@@ -77,11 +85,18 @@ class TimedCalls:
     def submit(self, fn: Callable[[], Any], timeout: float,
                done: Callable[[Outcome], None]) -> None:
         """Run ``fn()`` on the pool; ``done`` gets its outcome, or a timed-out one after
-        ``timeout`` seconds, whichever comes first, on a pool or watcher thread."""
+        ``timeout`` seconds, whichever comes first, on a pool or watcher thread.
+
+        Raises ``Overloaded`` (``done`` is not called) when ``limit`` calls are waiting."""
         call = _Call(done, time.monotonic())
         with self._wake:
             if self._closed:
                 raise RuntimeError(f"{self.name}: closed")
+            # (A call that timed out while waiting still counts until a thread takes it off
+            # the queue: while every thread is stuck, that is what the limit is for.)
+            if self._pending >= self.limit:
+                raise Overloaded(f"{self.name}: {self._pending} call(s) waiting, at most "
+                                 f"{self.limit}")
             heapq.heappush(self._deadlines, (call.started + timeout, next(self._order), call))
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, name=f"{self.name}-watch",

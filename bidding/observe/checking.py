@@ -31,7 +31,7 @@ from sqlalchemy import (
 
 from bidding import clock
 from bidding.config import Settings
-from bidding.lifecycle import events, journal, states
+from bidding.lifecycle import events, journal, parking, states
 from bidding.observe.watch import (
     SILENT_BEATS,
     Action,
@@ -59,8 +59,8 @@ _C = _TABLE.c
 _DUE: Final = (
     select(_C.task_id, _C.attempt, _C.assigned_node, _C.worker, _C.awarded_at, _C.started_at,
            _C.progress, _C.check_attempts, _C.next_check_time, _C.check_since,
-           _C.escalated_at, _C.escalation)
-    .where(_C.state.in_(states.IN_FLIGHT_STATES),
+           _C.escalated_at, _C.escalation, _C.state, _C.scan_failures)
+    .where(_C.state.in_(states.IN_FLIGHT_STATES), parking.UNPARKED,
            # Due; or never scheduled (a new delegation, a reset) and delegated long enough
            # that its first check may be due: a task that ends sooner is never written to.
            or_(_C.next_check_time <= bindparam("now"),
@@ -127,13 +127,19 @@ class Pass:
     alive: int = 1
 
 
-def plan(settings: Settings, now: float, limit: int = 500) -> tuple[list[Check], Pass]:
-    """Read the due tasks and what their nodes say; decide each (nothing is written)."""
+def plan(settings: Settings, now: float, limit: int = 500,
+         tally: parking.Tally | None = None) -> tuple[list[Check], Pass]:
+    """Read the due tasks and what their nodes say; decide each (nothing is written).
+
+    A task it cannot decide is skipped, its failure kept in ``tally`` (``check_due`` counts
+    it on the task, which is parked if it keeps failing: it would stay first among the due
+    tasks and could hide the others)."""
+    tally = tally if tally is not None else parking.Tally("watch")
     silent_after = SILENT_BEATS * settings.heartbeat_interval
     with read_session(settings.database_url) as session:
         nodes = {name: (beat, checking) for name, beat, checking in session.execute(
             select(Node.name, Node.last_heartbeat, Node.checking))}
-        policies = {name: policy_for(settings, checking)
+        policies = {name: _policy(settings, name, checking)
                     for name, (_, checking) in nodes.items()}
         shortest = min([settings.initial_check_wait_time,
                         *(p.initial_check_wait_time for p in policies.values())])
@@ -149,11 +155,35 @@ def plan(settings: Settings, now: float, limit: int = 500) -> tuple[list[Check],
     checks = []
     default = policy_for(settings)
     for row in rows:
-        check = _decide(row, now, policies.get(row.assigned_node, default), beats,
-                        silent_after, nodes.get(row.assigned_node, (None, None))[0])
+        seen = parking.Seen(row.task_id, row.state, row.attempt, row.scan_failures)
+        try:
+            check = _decide(row, now, policies.get(row.assigned_node, default), beats,
+                            silent_after, nodes.get(row.assigned_node, (None, None))[0])
+        except Exception as exc:  # one task's data must not stop the watch of every other
+            tally.failure(seen, exc)
+            continue
+        tally.success(seen)
         if check.decision.action is not Action.WAIT:
             checks.append(check)
     return checks, result
+
+
+#: The unreadable [checking] policies this process has logged: (store, node, policy).
+_unreadable: set[tuple[str, str, str]] = set()
+
+
+def _policy(settings: Settings, node: str, checking: Any) -> CheckPolicy:
+    """``node``'s policy from its row; the global one (logged once) when its row holds one
+    this version cannot read: one node's row must not stop the watch of every task."""
+    try:
+        return policy_for(settings, checking)
+    except (TypeError, ValueError, AttributeError) as exc:
+        key = (settings.database_url, node, repr(checking))
+        if key not in _unreadable:
+            _unreadable.add(key)
+            logger.warning("node %s: its [checking] policy cannot be read (%s: %s); its tasks "
+                           "are checked on the global one", node, type(exc).__name__, exc)
+        return policy_for(settings)
 
 
 def _decide(row: Any, now: float, policy: CheckPolicy, beats: list[WorkerBeat],
@@ -200,7 +230,9 @@ def check_due(settings: Settings, now: float | None = None, limit: int = 500,
     """One pass: check every delegated task that is due, escalate those past their last check
     (with ``app``, an escalation is also a ``task-escalated`` event, Flower's ESCALATED)."""
     now = clock.now() if now is None else now
-    checks, result = plan(settings, now, limit)
+    tally = parking.Tally("watch")
+    checks, result = plan(settings, now, limit, tally)
+    tally.save(settings.database_url)
     if not checks:
         return result
     for check in claim(settings, checks, now):

@@ -2,8 +2,10 @@
 
 Seed 002's ``reset_task``: ``check_attempts`` back to 0, no ``next_check_time`` and no
 escalation, so the watch starts again from now (its first check ``initial_check_wait_time``
-later). Logged as RESET with what was cleared. Nothing else about the task changes: a reset
-says "a human has seen it", it does not stop, resend or re-announce the task.
+later). A task the sweepers parked (``lifecycle.parking``: a scan failed on it pass after
+pass) is unparked too, so that every scan looks at it again (after an upgrade that reads its
+announcement, say). Logged as RESET with what was cleared. Nothing else about the task
+changes: a reset says "a human has seen it", it does not stop, resend or re-announce the task.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from sqlalchemy import update
 from bidding import clock
 from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
-from bidding.lifecycle import journal, states
+from bidding.lifecycle import journal, parking, states
 from bidding.store import ensure_schema, store_label, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
 
@@ -29,6 +31,8 @@ class ResetOutcome(BaseModel):
     #: The checking state it had: checks without news, and the escalation's reason.
     cleared_attempts: int
     cleared_escalation: str | None
+    #: Why the sweepers had parked it (``lifecycle.parking``), if they had: cleared too.
+    cleared_parked: str | None = None
     #: True when the task is delegated (ASSIGNED or EXECUTING), so the watch checks it again.
     watched: bool
 
@@ -37,6 +41,8 @@ class ResetOutcome(BaseModel):
         was = f"{self.cleared_attempts} check(s) without news"
         if self.cleared_escalation:
             was += f", escalated: {self.cleared_escalation}"
+        if self.cleared_parked:
+            was += f", parked: {self.cleared_parked}"
         then = (f"back under watch ({self.state} on {self.node})" if self.watched
                 else f"not watched: it is {self.state}, not delegated to a node")
         return f"task {self.task_id}: checking state cleared (was {was}); {then}"
@@ -63,13 +69,15 @@ def reset(task_id: str, app: Celery | None = None, *,
         outcome = ResetOutcome(task_id=task_id, state=row.state, node=row.assigned_node,
                                cleared_attempts=row.check_attempts,
                                cleared_escalation=row.escalation,
+                               cleared_parked=row.parked,
                                watched=row.state in states.IN_FLIGHT_STATES)
         attempt = row.attempt
         # (The UPDATE below synchronizes the loaded row: what it had is read before.)
         session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == task_id)
                         .values(check_attempts=0, next_check_time=None, check_since=now,
-                                escalated_at=None, escalation=None))
+                                escalated_at=None, escalation=None, **parking.CLEARED))
         journal.record(session, task_id, journal.RESET, node=outcome.node,
                        attempt=attempt, at=now, check_attempts=outcome.cleared_attempts,
-                       escalation=outcome.cleared_escalation)
+                       escalation=outcome.cleared_escalation,
+                       **({"parked": outcome.cleared_parked} if outcome.cleared_parked else {}))
     return outcome

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import select
 
 from bidding import clock
@@ -55,6 +55,9 @@ class TaskStatus(BaseModel):
     #: Seed 002's watch while the task is delegated (ASSIGNED or EXECUTING): checks without
     #: news, the next check, an escalation and its reason. None otherwise.
     watch: WatchView | None = None
+    #: Why the sweepers stopped looking at it (``lifecycle.parking``): which scan failed on it
+    #: pass after pass, and how. None while it is not parked.
+    parked: str | None = None
 
     def render(self) -> str:
         """Plain text for terminals."""
@@ -64,6 +67,9 @@ class TaskStatus(BaseModel):
                  else self.state)
         lines = [f"task {self.task_id}  {self.task_name}",
                  f"  state: {state}  attempt: {self.attempt}  node: {self.node or '-'}"]
+        if self.parked:
+            lines.append(f"  parked: {self.parked} (no sweeper looks at it until it moves on; "
+                         f"`bidding reset {self.task_id}` puts it back)")
         if self.watch and not self.watch.escalated and self.watch.check_attempts:
             lines.append(f"  watch: {self.watch.line(now)}")
         if self.progress:
@@ -100,13 +106,18 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
         log = session.scalars(select(Message).where(Message.task_id == task_id)
                               .order_by(Message.id)).all()
         kinds = [m.kind for m in log[-events:]]
-        rfp = Announcement.model_validate(row.spec)
+        try:
+            budget = Announcement.model_validate(row.spec).budget
+        except ValidationError:
+            # Written by a version this one cannot read (it is parked, most likely): its
+            # row's own copy of the budget, as the task was first announced.
+            budget = row.budget
         spent = sum(e.total for e in ledger)
         return TaskStatus(
             task_id=task_id, task_name=row.task_name, state=row.state, attempt=row.attempt,
-            node=row.assigned_node, progress=dict(row.progress or {}), budget=rfp.budget,
+            node=row.assigned_node, progress=dict(row.progress or {}), budget=budget,
             cost_so_far=spent,
-            remaining_budget=None if rfp.budget is None else rfp.budget - spent,
+            remaining_budget=None if budget is None else budget - spent,
             ledger=[LedgerLine(attempt=e.attempt, node=e.node, units=e.units,
                                price_per_unit=e.price_per_unit, total=e.total) for e in ledger],
             error=row.error,
@@ -115,6 +126,7 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
             attempts=attempt_history(log),
             announced_at=row.announced_at, started_at=row.started_at,
             finished_at=row.finished_at, result=row.result, watch=watch_of(row),
+            parked=row.parked,
         )
 
 

@@ -19,6 +19,8 @@ counts from. ``decide(now, state, policy, news, node)`` says what a look at the 
 from __future__ import annotations
 
 import enum
+import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -46,8 +48,29 @@ class CheckPolicy:
 
     def wait(self, attempts: int) -> float:
         """Seconds until the next check after ``attempts`` checks without news."""
-        return min(self.initial_check_wait_time * self.check_backoff_factor ** attempts,
-                   self.max_check_wait_time)
+        return backoff(self.initial_check_wait_time, self.check_backoff_factor,
+                       self.max_check_wait_time, attempts)
+
+
+def backoff(initial: float, factor: float, cap: float, attempts: int) -> float:
+    """``min(initial * factor ** attempts, cap)``, saturating at ``cap`` instead of raising.
+
+    The power alone overflows a float (``1e40 ** 8``, ``2.0 ** 1024``: an OverflowError) long
+    after the product passed the cap. A policy's bounds are checked where it is configured,
+    but one may come from elsewhere (a node's row, written by a version without them), and
+    a check must never raise: so the power is taken only while it stays below the cap, as
+    the logarithms tell (a factor of 1 or less never grows the wait).
+    """
+    if attempts <= 0 or not factor > 1.0 or not initial > 0.0:
+        return min(initial, cap)
+    if not initial < cap:
+        return cap
+    # log(initial * factor ** n) >= log(cap): the cap, computed without the power. (Bounded by
+    # the largest float too, for a cap that is itself infinite.)
+    room = min(math.log(cap) - math.log(initial), math.log(sys.float_info.max))
+    if attempts * math.log(factor) >= room:
+        return cap
+    return min(initial * factor ** attempts, cap)
 
 
 def policy_for(settings: Settings, overrides: Mapping[str, Any] | None = None) -> CheckPolicy:

@@ -136,6 +136,11 @@ class Announcement(Base):
     #: Set when the watch escalated the task (a flag for a human, not a state): when and why.
     escalated_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     escalation: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: Passes in a row of a sweeper's scan (closer, announcer, watchdog, watch) that failed on
+    #: this task, and, once there were too many, why it is parked: no scan looks at it until
+    #: it moves on (any transition clears both) or ``bidding reset`` (``lifecycle.parking``).
+    scan_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    parked: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     __table_args__ = (
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),

@@ -368,7 +368,7 @@ def test_reset_clears_an_escalation_and_puts_the_task_back_under_watch(
     assert done.status_code == 200, done.text
     assert done.json() == {"task_id": task_id, "state": "ASSIGNED", "node": done.json()["node"],
                            "cleared_attempts": 10, "cleared_escalation": "silent",
-                           "watched": True}
+                           "cleared_parked": None, "watched": True}
     watch = client.get(f"/aitp/tasks/{task_id}").json()["watch"]
     assert (watch["check_attempts"], watch["escalated"]) == (0, False)
     # and an unknown id is 404

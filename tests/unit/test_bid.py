@@ -324,3 +324,32 @@ def test_without_a_version_the_history_is_read_every_time(store_url):
         record(session, [episode("n1", "redfin", "extraction", True, NOW - 1)])
     # then the next bid sees the new episode at once
     assert cached_history(settings, "redfin", "extraction", NOW).outcomes == (True,)
+
+
+def test_the_history_cache_stays_within_its_bound_and_still_answers_right(
+        store_url, monkeypatch):
+    # given a cache bounded to 64 entries, and bids on 500 distinct task types (callers choose
+    # task types: nothing else bounds how many a node sees)
+    from bidding.auction import history
+
+    forget_history()
+    monkeypatch.setattr(history, "HISTORY_CACHE_LIMIT", 64)
+    settings = store_settings(store_url, history_cache_seconds=60)
+    with write_session(store_url) as session:
+        record(session, [episode("old", "redfin", "type-0", True, NOW - 5)])
+    first = cached_history(settings, "redfin", "type-0", NOW, version=1)
+    assert first.outcomes == (True,)
+    for n in range(1, 500):
+        cached_history(settings, "redfin", f"type-{n}", NOW, version=1)
+    # then the cache holds at most its bound
+    assert history.history_cache_size() <= 64
+    # and an evicted entry is read again, correctly (here: with the episode since recorded)
+    with write_session(store_url) as session:
+        record(session, [episode("new", "redfin", "type-0", False, NOW - 1)])
+    assert cached_history(settings, "redfin", "type-0", NOW, version=1).outcomes == (
+        False, True)
+    # and a recent one is still served from the cache while its version holds
+    with write_session(store_url) as session:
+        record(session, [episode("newer", "redfin", "type-499", False, NOW - 1)])
+    assert cached_history(settings, "redfin", "type-499", NOW, version=1).outcomes == ()
+    forget_history()

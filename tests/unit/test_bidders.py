@@ -289,7 +289,7 @@ def test_a_bidder_that_returns_something_invalid_is_a_refusal_saying_so() -> Non
 
 def test_calls_past_their_deadline_leave_the_others_answered_on_time() -> None:
     # given a pool of 2 threads, both taken by calls that hang past their deadline
-    calls = TimedCalls("t", 2)
+    calls = TimedCalls("t", 2, limit=100)
     release = threading.Event()
     outcomes: dict[str, Outcome] = {}
     for name in ("hung-1", "hung-2"):
@@ -309,7 +309,7 @@ def test_calls_past_their_deadline_leave_the_others_answered_on_time() -> None:
 
 def test_concurrent_slow_calls_each_get_a_thread_of_their_own() -> None:
     # given a pool of 8 threads, and 6 calls of 0.3 s submitted at once, each with 1 s
-    calls = TimedCalls("t", 8)
+    calls = TimedCalls("t", 8, limit=100)
     outcomes: list[Outcome] = []
     all_in = threading.Semaphore(0)
     started = time.monotonic()

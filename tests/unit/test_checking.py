@@ -301,3 +301,83 @@ def test_a_move_to_another_node_starts_its_watch_afresh(fast: Settings) -> None:
             moved.escalation) == (0, None, None, None)
     watch = task_status(fast.database_url, task_id).watch
     assert watch is None or not watch.escalated
+
+
+# --- review item e: a huge backoff factor, a task the watch cannot check ---------------------
+
+
+def test_a_node_row_with_a_huge_backoff_factor_has_its_tasks_checked_at_the_longest_wait(
+    fast: Settings,
+) -> None:
+    # given a node whose row says: multiply each wait by 1e40, escalate after 20 checks (a
+    # version without bounds on a profile's [checking] table registered it)
+    from bidding.store.schema import Node
+
+    heartbeat(fast, NodeProfile(name=NODE, capabilities=["s1", "s2"]))
+    with write_session(fast.database_url) as session:
+        session.execute(update(Node).where(Node.name == NODE).values(
+            checking={"check_backoff_factor": 1e40, "max_check_attempts": 20}))
+    # and a task delegated to it, checked seven times, its eighth check due
+    task_id, t0 = delegated(fast)
+    watched(fast, task_id, check_attempts=7, next_check_time=t0 + 10, check_since=t0)
+    # when a pass finds it due (1e40 ** 8 overflows a float)
+    done = checking.check_due(fast, t0 + 10)
+    # then it is checked, its next check the longest wait later
+    assert done.written == 1
+    found = row(fast, task_id)
+    assert (found.check_attempts, found.next_check_time) == (8, t0 + 10 + 4.0)
+
+
+def test_a_task_the_watch_cannot_check_is_parked_and_every_other_task_is_still_checked(
+    fast: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given two delegated tasks due for their first check: the first in the due list is one
+    # the watch raises on (whatever the reason: here its node's answer cannot be computed)
+    bad, t0 = delegated(fast, time.time() - 60)
+    good, _ = delegated(fast, t0 + 1)
+    node_alive(fast, [], t0)
+    original = checking.report
+
+    def report(task_id: str, *args: Any, **kwargs: Any) -> Any:
+        if task_id == bad:
+            raise ValueError("a row this version cannot read")
+        return original(task_id, *args, **kwargs)
+
+    monkeypatch.setattr(checking, "report", report)
+    # when the watch passes over them
+    done = checking.check_due(fast, t0 + 10)
+    # then the other task is checked all the same
+    assert done.written == 1
+    assert row(fast, good).check_attempts == 1
+    # when the bad one keeps raising, pass after pass
+    for later in (t0 + 11, t0 + 12, t0 + 13, t0 + 14):
+        checking.check_due(fast, later)
+    # then it is parked with its reason after three passes, and no longer read
+    assert row(fast, bad).parked == "watch: ValueError: a row this version cannot read"
+    # and it was logged twice: its first failure (with its traceback), its parking
+    lines = [r for r in caplog.records if bad in r.getMessage()]
+    assert [r.levelname for r in lines] == ["WARNING", "ERROR"], [r.getMessage() for r in lines]
+    assert lines[0].exc_info is not None and lines[1].exc_info is None
+    # and the other task's checks went on
+    assert row(fast, good).check_attempts >= 2
+
+
+def test_a_node_row_whose_checking_policy_cannot_be_read_has_its_tasks_checked_globally(
+    fast: Settings, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given a node whose row holds a [checking] table this version cannot read, and another
+    # node's task due for its first check
+    from bidding.store.schema import Node
+
+    heartbeat(fast, NodeProfile(name="odd", capabilities=["s1"]))
+    with write_session(fast.database_url) as session:
+        session.execute(update(Node).where(Node.name == "odd").values(
+            checking={"max_check_attempts": "many"}))
+    task_id, t0 = delegated(fast)
+    # when the watch passes, twice
+    done = checking.check_due(fast, t0 + 1.5)
+    checking.check_due(fast, t0 + 1.6)
+    # then the task is checked all the same (the odd node's tasks get the global policy)
+    assert done.written == 1 and row(fast, task_id).check_attempts == 1
+    # and the odd node's policy is named in the log, once
+    assert caplog.text.count("node odd: its [checking] policy cannot be read") == 1

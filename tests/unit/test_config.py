@@ -247,3 +247,24 @@ def test_announcement_unknown_option_fails():
     # given a misspelt option
     with pytest.raises(ValidationError, match="prioirty"):
         announcement(prioirty=3)
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "allowed"),
+    [
+        ("check_backoff_factor", 1e40, "[1, 10]"),
+        ("initial_check_wait_time", 1e40, "(0, 86400]"),
+        ("max_check_wait_time", float("inf"), "(0, 604800]"),
+        ("max_check_attempts", 10**9, "[1, 1000]"),
+    ],
+)
+def test_the_checking_settings_have_the_bounds_of_a_profiles_checking_table(
+        setting, value, allowed):
+    # given a bidding_* checking setting out of the range a profile's [checking] table allows
+    # when settings are loaded
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({f"bidding_{setting}": value}, {})
+    # then the error names the setting and the allowed range
+    message = str(info.value)
+    assert f"bidding_{setting}:" in message
+    assert f"allowed: {allowed}" in message

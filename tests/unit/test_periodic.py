@@ -20,6 +20,15 @@ def test_a_failing_loop_backs_off_up_to_the_cap_and_resumes_its_interval() -> No
     assert pause_after(30.0, 5) == 30.0
 
 
+def test_a_loop_failing_for_hours_still_waits_the_cap_and_does_not_die() -> None:
+    # given a loop every 0.2 s that has failed 1024 times in a row (an outage of 85 minutes
+    # at 5 s each), or a million
+    # then its next pause is the cap (2.0 ** 1024 would overflow a float: an OverflowError
+    # outside the loop's try would end the loop for good)
+    assert pause_after(0.2, 1024) == BACKOFF_CAP
+    assert pause_after(0.2, 1_000_000) == BACKOFF_CAP
+
+
 def test_an_outage_is_a_few_lines_in_the_log(caplog: pytest.LogCaptureFixture) -> None:
     # given a loop whose calls fail for a while (the store restarting), then work
     calls = 0

@@ -219,3 +219,54 @@ def test_blank_capability_is_refused(tmp_path):
     # then the error names capabilities and says why
     with pytest.raises(ProfileError, match=r"capabilities: .*non-empty strings"):
         load_profile(path)
+
+
+# --- every numeric value is bounded (review item e) -----------------------------------------
+
+
+def test_a_profile_with_a_huge_backoff_factor_is_refused_naming_the_key(tmp_path):
+    # given a profile whose [checking] table multiplies each wait by 1e40 (its eighth check
+    # would overflow a float)
+    path = write(tmp_path, VALID + "\n[checking]\ncheck_backoff_factor = 1e40\n")
+    # when it is loaded
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = str(info.value)
+    # then the error names the file, the key, the value and the allowed range
+    assert str(path) in message
+    assert "checking.check_backoff_factor:" in message
+    assert "(got 1e+40)" in message
+    assert "allowed: [1, 10]" in message
+
+
+@pytest.mark.parametrize(
+    ("table", "line", "key", "allowed"),
+    [
+        ("", "price_per_unit = 1e300", "price_per_unit", "[0, 1000000]"),
+        ("", "latency_ms = 1e300", "latency_ms", "[0, 3600000]"),
+        ("", "capacity = 100000", "capacity", "[1, 10000]"),
+        ("", "trust = -1", "trust", "[0, 100]"),
+        ("", "bidder_timeout_s = 1e9", "bidder_timeout_s", "(0, 600]"),
+        ("checking", "initial_check_wait_time = 1e40", "checking.initial_check_wait_time",
+         "(0, 86400]"),
+        ("checking", "initial_check_wait_time = 0", "checking.initial_check_wait_time",
+         "(0, 86400]"),
+        ("checking", "max_check_wait_time = inf", "checking.max_check_wait_time",
+         "(0, 604800]"),
+        ("checking", "check_backoff_factor = nan", "checking.check_backoff_factor", "[1, 10]"),
+        ("checking", "max_check_attempts = 1000000000", "checking.max_check_attempts",
+         "[1, 1000]"),
+    ],
+)
+def test_every_numeric_value_of_a_profile_is_bounded(tmp_path, table, line, key, allowed):
+    # given a profile with one value out of its range (or not a number: nan, inf)
+    text = VALID + f"\n[{table}]\n{line}\n" if table else with_line(key, line)
+    path = write(tmp_path, text)
+    # when it is loaded
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    # then the error names the file, the key and the range it must be within
+    message = str(info.value)
+    assert str(path) in message
+    assert f"{key}:" in message
+    assert f"allowed: {allowed}" in message

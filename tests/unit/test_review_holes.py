@@ -143,7 +143,7 @@ def test_one_lost_task_that_cannot_be_handled_does_not_stop_the_others(
     assert moved == 1
     with read_session(settings.database_url) as session:
         assert session.get(AnnouncementRow, second.task_id).state == lifecycle.RETRYING  # type: ignore[union-attr]
-    assert f"checking the winner of {first.task_id} failed" in caplog.text
+    assert f"(task {first.task_id}: ConnectionError: store hiccup)" in caplog.text
 
 
 # --- 4. the fallback keeps to capable nodes that are not excluded ------------------------

@@ -176,3 +176,26 @@ def test_a_monitor_looks_four_times_per_first_wait_within_bounds() -> None:
     assert pass_interval(0.3, 1) == pytest.approx(0.075)
     assert pass_interval(0.01, 1) == 0.05
     assert pass_interval(30.0, 16) == 4.0
+
+
+@pytest.mark.parametrize(
+    ("factor", "attempts"),
+    [(1e40, 8), (1e40, 1_000), (10.0, 10**9), (2.0, 1_024), (float("inf"), 3),
+     (1e308, 2)],
+)
+def test_the_wait_saturates_at_its_cap_for_huge_factors_and_attempt_numbers(
+        factor: float, attempts: int) -> None:
+    # given a policy with a huge backoff factor, or a task checked a huge number of times
+    # (a policy from a node's row: a version without bounds may have written it)
+    policy = CheckPolicy(30.0, factor, 1800.0, 10)
+    # when the wait after that many checks is computed
+    wait = policy.wait(attempts)
+    # then it is the cap, not an OverflowError
+    assert wait == 1800.0
+
+
+def test_the_wait_is_the_first_wait_before_any_check_whatever_the_factor() -> None:
+    # given a huge factor, then the seed's
+    # then no check yet waits the initial time, and the seed's schedule is exact
+    assert CheckPolicy(30.0, float("inf"), 1800.0, 10).wait(0) == 30.0
+    assert [SEED.wait(n) for n in range(8)] == [30, 60, 120, 240, 480, 960, 1800, 1800]
