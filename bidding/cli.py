@@ -335,17 +335,26 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
 @main.command()
 @app_option
 @db_option
-@click.option("--since", type=float, default=0.0, help="Only tasks announced after (Unix time).")
+@click.option("--since", type=float, default=None,
+              help="Only tasks announced after (Unix time; 0: every task in the store).")
+@click.option("--window", default="24h", show_default=True, metavar="DURATION",
+              help="Without --since: the tasks announced this long ago or later (30d, 12h).")
 @click.option("--json", "as_json", is_flag=True)
-def stats(app_name: str | None, database_url: str | None, since: float, as_json: bool) -> None:
+def stats(app_name: str | None, database_url: str | None, since: float | None, window: str,
+          as_json: bool) -> None:
     """Tasks per node, success rate and assignment latency (p50/p99) from the store."""
-    from bidding.observe.stats import collect
+    from bidding.lifecycle.retention import parse_duration
+    from bidding.observe.stats import collect, window_start
     from bidding.store import ensure_schema
 
+    try:
+        seconds = parse_duration(window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--window") from None
     settings = _settings(app_name, database_url)
     with _reading(settings.database_url):
         ensure_schema(settings.database_url)
-        result = collect(settings.database_url, since)
+        result = collect(settings.database_url, window_start(since, seconds))
     if as_json:
         click.echo(result.model_dump_json(indent=2))
         return
@@ -380,6 +389,38 @@ def check(task_ids: tuple[str, ...], app_name: str | None, database_url: str | N
         click.echo(verdict.render())
     if not verdict.ok:
         sys.exit(1)
+
+
+@main.command()
+@click.option("--older-than", "older_than", required=True, metavar="DURATION",
+              help="Prune what finished before this long ago: 30d, 12h, 15m, 0s.")
+@app_option
+@db_option
+@click.option("--dry-run", is_flag=True, help="Count what would go; delete nothing.")
+def prune(older_than: str, app_name: str | None, database_url: str | None,
+          dry_run: bool) -> None:
+    """Delete the tasks that finished before --older-than, with their bids, messages, ledger
+    entries and graph rows, in short batches; never a task that is not final. What the nodes
+    learned stays (their record and latest outcomes per task type). Node workers do this on
+    their own every so often for bidding_retention_days (30 by default).
+    """
+    from bidding.lifecycle.retention import parse_duration
+    from bidding.lifecycle.retention import prune as prune_store
+    from bidding.store import ensure_schema
+
+    if not (app_name or database_url):
+        raise click.UsageError("say which store to prune: -A APP or --database-url URL")
+    try:
+        seconds = parse_duration(older_than)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--older-than") from None
+    settings = _settings(app_name, database_url)
+    with _reading(settings.database_url):
+        ensure_schema(settings.database_url)
+        pruned = prune_store(settings, seconds, dry_run=dry_run)
+    cutoff = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(clock.now() - seconds))
+    click.echo(f"{'would prune' if dry_run else 'pruned'} {pruned.line()}: finished before "
+               f"{cutoff} (older than {older_than}) in {store_label(settings.database_url)}")
 
 
 @main.command()

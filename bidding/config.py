@@ -100,6 +100,11 @@ class Settings(BaseModel):
     #: 10 at a peak. A node's threads (sweeper, heartbeat, bid threads, monitor) need a few;
     #: raise it in an announcing process whose threads call ``.delay()`` concurrently.
     db_pool_size: int = Field(5, ge=1, le=1000)
+    #: Days a finished task is kept in the store, with its bids, messages, ledger entries and
+    #: graph rows; one node worker at a time prunes older ones, a tenth of this apart (at most
+    #: hourly), and ``bidding prune`` does it by hand. What the nodes learned stays (their
+    #: record and latest outcomes per task type: bidding.lifecycle.retention). 0 keeps all.
+    retention_days: float = Field(30.0, ge=0, le=36500)
     #: Seconds between a node's heartbeats.
     heartbeat_interval: float = Field(2.0, gt=0)
     #: A node whose last heartbeat is older than this many seconds is not a candidate.

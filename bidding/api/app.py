@@ -34,7 +34,7 @@ from bidding.observe.auctions import MAX_LIMIT, AuctionFeed, recent_auctions
 from bidding.observe.explain import Explanation, explain
 from bidding.observe.nodes import NodeView, node_views
 from bidding.observe.reset import ResetOutcome, reset
-from bidding.observe.stats import Stats, collect
+from bidding.observe.stats import Stats, collect, window_start
 from bidding.observe.status import TaskStatus, task_status
 from bidding.observe.timeline import MAX_BUCKETS, Timeline, assignments_over_time
 from bidding.store import ensure_schema, store_label
@@ -259,15 +259,16 @@ def create_app(celery_app: Celery) -> FastAPI:
     @api.get("/aitp/stats", response_model=Stats, dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})
     def get_stats(
-        since: Annotated[float, Query(
-            allow_inf_nan=False, description="Unix time: the announcements since then")] = 0.0,
+        since: Annotated[float | None, Query(
+            allow_inf_nan=False, description="Unix time: the announcements since then "
+            "(0: every task in the store; default: the last 24 hours)")] = None,
         protocol: bool = True,
     ) -> Stats:
         """``bidding stats``: tasks per node, success rate, assignment latency p50/p99,
         success per task type, escalations, and the protocol checker's verdict (a replay of
-        the window's whole message log: ``protocol=false`` leaves it out, as the dashboard's
-        polls do)."""
-        return collect(url, since, protocol=protocol)
+        the window's message log: ``protocol=false`` leaves it out, as the dashboard's polls
+        do). The window is the last 24 hours unless ``since`` says otherwise."""
+        return collect(url, window_start(since), protocol=protocol)
 
     @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,
              tags=["auctions"], responses={**_401, **_503})

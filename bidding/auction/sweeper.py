@@ -12,7 +12,9 @@
    and announcing what it made ready.
 
 With ``bidding_award_journal`` on, a sixth loop writes the write-behind journal's awards to
-the store (``writebehind.Writer``).
+the store (``writebehind.Writer``). Another loop takes its turn at the retention job: one node
+at a time prunes the tasks finished more than ``bidding_retention_days`` ago
+(``lifecycle.retention``).
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -25,6 +27,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
 
 from celery import Celery
 
@@ -35,6 +39,7 @@ from bidding.auction.writebehind import WRITER_PAUSE, Writer
 from bidding.config import Settings
 from bidding.execution.report import report_results
 from bidding.graphs.advance import advance_idle
+from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.periodic import Periodic
 
 logger = logging.getLogger(__name__)
@@ -85,6 +90,9 @@ class Sweeper:
             # The write-behind journal's writer: its read blocks until entries come.
             self.loops.append(Periodic("bidding-journal-writer", WRITER_PAUSE,
                                        Writer(settings, app).run))
+        retention = RetentionJob(settings, f"{socket.gethostname()}:{os.getpid()}")
+        self.loops.append(Periodic("bidding-retention", retention.interval, retention.run,
+                                   jitter=0.25))
 
     def interval(self) -> float:
         """Seconds until this node's next sweep of a phase."""

@@ -4,6 +4,7 @@ success per task type, escalations, and the protocol checker's verdict."""
 from __future__ import annotations
 
 import math
+import time
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import func, select
 
+from bidding import clock
 from bidding.lifecycle import journal, states
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session
@@ -78,6 +80,8 @@ class Stats(BaseModel):
     task_types: list[TypeStats] = []
     #: ESCALATED messages: tasks handed to a human (deferred too often; a final state).
     escalated: int = 0
+    #: The window: the tasks announced since then (Unix time; 0 = ever).
+    since: float = 0.0
     #: WATCH_ESCALATED messages: silent tasks the monitor flagged (they keep running).
     watch_escalated: int = 0
     protocol: ProtocolStats | None = None
@@ -87,10 +91,14 @@ class Stats(BaseModel):
         def ms(v: float | None) -> str:
             return "-" if v is None else f"{v:.1f} ms"
 
+        window = ("every task in the store" if self.since <= 0 else "tasks announced since "
+                  + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)))
+
         rate = "-" if self.success_rate is None else f"{self.success_rate:.1%}"
         no_node = (f" ({self.failed_without_node} found no node)" if self.failed_without_node
                    else "")
         lines = [
+            f"window: {window}",
             f"tasks: {self.announced} announced, {self.succeeded} succeeded, "
             f"{self.failed} failed{no_node}, {self.unfinished} unfinished; success rate {rate}",
             f"assignment latency: p50 {ms(self.assignment_p50_ms)}, "
@@ -132,6 +140,19 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, min(len(ordered), math.ceil(q * len(ordered) / 100)))
     return ordered[rank - 1]
+
+
+#: Seconds back ``bidding stats`` and ``/aitp/stats`` look unless told otherwise.
+DEFAULT_WINDOW = 86_400.0
+
+
+def window_start(since: float | None, window: float = DEFAULT_WINDOW,
+                 now: float | None = None) -> float:
+    """The start of a stats window: ``since`` when given (0: every task), else ``window``
+    seconds ago; so that a view never reads, or replays, the whole store by default."""
+    if since is not None:
+        return since
+    return (clock.now() if now is None else now) - window
 
 
 def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> Stats:
@@ -179,6 +200,7 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
     nodes = sorted({*per_node, *(str(b[0]) for b in bid_rows)})
     by_node = {str(b[0]): b for b in bid_rows}
     return Stats(
+        since=since,
         announced=len(rows),
         succeeded=succeeded,
         failed=failed,

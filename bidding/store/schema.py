@@ -146,6 +146,8 @@ class Announcement(Base):
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),
         Index("ix_bidding_announcements_state_closes", "state", "closes_at"),
         Index("ix_bidding_announcements_state_due", "state", "due_at"),
+        # Retention: the finished tasks of a final state, oldest first.
+        Index("ix_bidding_announcements_state_finished", "state", "finished_at"),
     )
 
 
@@ -291,3 +293,18 @@ class GraphStep(Base):
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     #: The budget it was announced with: its share of the task's cost_limit (None: no limit).
     budget: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Job(Base):
+    """A federation-wide periodic job (the retention prune): when it is next due, and who
+    ran it last. One node runs each time: the one whose compare-and-set on ``due_at`` moves
+    it on first."""
+
+    __tablename__ = "bidding_jobs"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    due_at: Mapped[float] = mapped_column(Float)
+    #: The worker (Celery node name) that ran it last, when it started and what it did.
+    last_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    last_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
