@@ -5,6 +5,13 @@ in the store and at its caller, and every body that ran twice must be explained 
 
     python bench/soak.py                       # 1,000 tasks, 5 nodes, PostgreSQL + Redis
     python bench/soak.py --tasks 100 --kills 3 --store-restarts 0   # the CI-sized run
+    python bench/soak.py --minutes 30 --retention-seconds 120 --kill-every 30 \
+        --broker-restarts 2 --store-restarts 0 --sever-every 2     # the long one
+
+A timed soak (``--minutes``) spares one node from the kills and samples every worker's memory
+and the store's row counts; with ``--retention-seconds`` the nodes prune what finished that
+long ago as they go (``bidding_retention_days``), so each task's outcome in the store is read
+as soon as it is final.
 
 The broker is a Redis server of the soak's own with an append-only file (a production broker
 keeps what it queued across a restart); the store is a scratch PostgreSQL database (or
@@ -33,7 +40,8 @@ if __package__ in (None, ""):  # run as a script: the repository root on the pat
 
 from bench.chaos.chaos import Chaos, Plan
 from bench.chaos.runs import RUNS_ENV, read_runs
-from bench.chaos.verdict import Outcome, Submitted, Verdict, judge
+from bench.chaos.verdict import Submitted, Verdict, judge
+from bench.chaos.watch import SAMPLE_EVERY, OutcomeWatcher, Sampler
 from bench.common.log import log
 from bench.common.paths import ROOT
 from bench.common.postgres import LOCAL_SERVER, scratch_database
@@ -70,11 +78,21 @@ class SoakConfig:
     concurrency: int = 2
     #: 1: awards go through the write-behind journal (``bidding_award_journal``).
     award_journal: int = 0
+    #: Minutes of submission at ``rate`` (0: ``tasks`` tasks); a timed soak spares one node
+    #: from the kills and samples memory and the store's size.
+    minutes: float = 0.0
+    #: The nodes' retention in seconds (``bidding_retention_days``; 0: the library's 30 days).
+    retention_seconds: float = 0.0
+
+    @property
+    def count(self) -> int:
+        """How many tasks it submits."""
+        return int(self.rate * self.minutes * 60) if self.minutes > 0 else self.tasks
 
     @property
     def submit_seconds(self) -> float:
         """How long the submission lasts."""
-        return self.tasks / self.rate
+        return self.count / self.rate
 
 
 @dataclass
@@ -91,6 +109,12 @@ class SoakResult:
     settle_seconds: float = 0.0
     #: Awards the callers appended to the write-behind journal (its stream's entries-added).
     journaled: int | None = None
+    #: Per worker process alive from the warm-up to the end: (node, pid, KiB after the
+    #: warm-up, KiB at the end, growth %); and the largest row count of each table.
+    memory: list[tuple[str, int, int, int, float]] = field(default_factory=list)
+    most_rows: dict[str, int] = field(default_factory=dict)
+    #: Prunes the retention job ran (its runs seen in the store's jobs table).
+    prunes: int = 0
 
 
 @contextmanager
@@ -155,10 +179,13 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                         f'{config.concurrency}\nprice_per_unit = 0.01\nlatency_ms = 50\n'
                         "trust = 70\n")
         profiles.append(path)
+    node_env = {"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
+                "BIDDING_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)}
+    if config.retention_seconds > 0:
+        node_env["BIDDING_RETENTION_DAYS"] = repr(config.retention_seconds / 86_400)
     federation = Federation(
         app="bench.chaos.app", log_dir=folder / "logs", concurrency=config.concurrency,
-        cwd=ROOT, env={"SOAK_BROKER": broker.url, RUNS_ENV: str(folder),
-                       "BIDDING_DATABASE_URL": database_url, "PYTHONPATH": str(ROOT)})
+        cwd=ROOT, env=node_env)
     window = config.submit_seconds
     kills = config.kills if config.kills is not None else max(0, int(window // config.kill_every))
     plan = Plan(kill_every=config.kill_every, kills=kills, pause=config.pause,
@@ -167,7 +194,8 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                 store_at=(_spread(config.store_restarts, window, 0.7)
                           if config.store == "postgresql" else []),
                 store_down=config.store_down, store_mode=config.store_mode,
-                sever_every=config.sever_every if config.store == "postgresql" else 0.0)
+                sever_every=config.sever_every if config.store == "postgresql" else 0.0,
+                spare=(names[0],) if config.minutes > 0 else ())
     lock = threading.Lock()
 
     def restart(node: str, pause: float) -> float:
@@ -175,27 +203,37 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
             return federation.restart(node, pause=pause)
 
     chaos = Chaos(plan, restart, names, broker, database_url, POSTGRES, seed=config.seed)
+    watcher = OutcomeWatcher(database_url)
+    sampler = Sampler(database_url, lambda: {
+        n: p.process.pid for n, p in federation.nodes.items() if p.process.poll() is None},
+        every=SAMPLE_EVERY if config.minutes > 0 else 1e9)
     started = time.time()
     try:
         federation.start(profiles)
         federation.wait_live(settings, timeout=120)
-        log(f"soak: {len(names)} nodes live; {config.tasks} tasks at {config.rate:g}/s, "
+        log(f"soak: {len(names)} nodes live; {config.count} tasks at {config.rate:g}/s, "
             f"{kills} kills, {len(plan.broker_at)} broker and {len(plan.store_at)} store "
-            "restart(s)")
+            "restart(s)" + (f", retention {config.retention_seconds:g}s"
+                            if config.retention_seconds else ""))
         chaos.start()
+        watcher.start()
+        sampler.start()
         refusals: Counter[str] = Counter()
-        submitted, refused, results = _submit(config, work, refusals)
+        submitted, refused = _submit(config, work, refusals, watcher)
         chaos.stop()
         log(f"soak: submitted {len(submitted)} (refused {refused}); waiting for the outcomes")
         settle = time.time()
-        caller = _collect(results, started + config.timeout)
+        watcher.finish(started + config.submit_seconds + config.timeout)
         settle_seconds = time.time() - settle
-        store, journal, unfinished = _read_store(database_url,
-                                                 [s.task_id for s in submitted])
+        sampler.stop()
+        store, caller = watcher.store, watcher.caller
+        journal, unfinished = _read_store(database_url, [s.task_id for s in submitted])
         protocol = check_log(database_url)
         journaled = _journaled(settings, app)
+        prunes = _prunes(database_url)
     finally:
         chaos.stop()
+        sampler.stop()
         federation.stop()
         reset_settings(app)
     verdict = judge(submitted, refused, store, caller, read_runs(folder), chaos.kills(),
@@ -210,7 +248,26 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                       faults=[f"{f.kind} {f.node or f.detail} at +{f.at - started:.1f}s"
                               for f in chaos.faults],
                       chaos_errors=chaos.errors, seconds=time.time() - started,
-                      settle_seconds=settle_seconds, journaled=journaled)
+                      settle_seconds=settle_seconds, journaled=journaled,
+                      memory=sampler.memory_growth(_warm_up(config)),
+                      most_rows=sampler.most_rows(), prunes=prunes)
+
+
+def _warm_up(config: SoakConfig) -> float:
+    """Seconds of a timed soak after which a worker's memory should stay flat: a fifth of
+    the run, at least two minutes (imports, caches and pools filled)."""
+    return max(120.0, config.submit_seconds / 5)
+
+
+def _prunes(database_url: str) -> int:
+    """How many times the retention job ran."""
+    from sqlalchemy import text
+
+    from bidding.store import read_session
+
+    with read_session(database_url) as session:
+        return int(session.execute(text(
+            "SELECT coalesce(sum(runs), 0) FROM bidding_jobs")).scalar_one())
 
 
 def _journaled(settings: Any, app: Any) -> int | None:
@@ -235,16 +292,15 @@ def _spread(count: int, window: float, first: float) -> list[float]:
     return [window * (first + k * step) for k in range(count)]
 
 
-def _submit(config: SoakConfig, work: Any,
-            refusals: Counter[str]) -> tuple[list[Submitted], int, dict[str, Any]]:
+def _submit(config: SoakConfig, work: Any, refusals: Counter[str],
+            watcher: OutcomeWatcher) -> tuple[list[Submitted], int]:
     """Submit the tasks at the configured rate; a ``.delay()`` the broker refuses (it is
     down past Celery's publish retries) is counted, not retried: the caller saw the error."""
     rng = random.Random(config.seed)
     submitted: list[Submitted] = []
-    results: dict[str, Any] = {}
     refused = 0
     start = time.monotonic()
-    for i in range(config.tasks):
+    for i in range(config.count):
         time.sleep(max(0.0, start + i / config.rate - time.monotonic()))
         fails = config.fail_every > 0 and i % config.fail_every == config.fail_every - 1
         try:
@@ -256,55 +312,40 @@ def _submit(config: SoakConfig, work: Any,
             log(f"soak: task {i} refused by .delay(): {type(exc).__name__}: {exc}")
             continue
         submitted.append(Submitted(result.id, i, fails, 2 if fails else 1))
-        results[result.id] = result
-    return submitted, refused, results
-
-
-def _collect(results: dict[str, Any], deadline: float) -> dict[str, Outcome]:
-    """Each caller's outcome, as ``.get()`` gives it (waiting until ``deadline``)."""
-    outcomes: dict[str, Outcome] = {}
-    for task_id, result in results.items():
-        try:
-            value = result.get(timeout=max(0.1, deadline - time.time()))
-            outcomes[task_id] = Outcome("SUCCESS", value=value)
-        except Exception as exc:
-            name = type(exc).__name__
-            state = "TIMEOUT" if name == "TimeoutError" else "FAILED"
-            outcomes[task_id] = Outcome(state, error=f"{name}: {exc}")
-    return outcomes
+        watcher.add(result.id, result)
+    return submitted, refused
 
 
 def _read_store(database_url: str, task_ids: list[str]
-                ) -> tuple[dict[str, Outcome], Counter[str], list[tuple[str, str]]]:
-    """Each accepted task's final state in the store, the journal's message kinds, and the
-    rows of refused calls that are not final (none, when nothing is left half-recorded)."""
+                ) -> tuple[Counter[str], list[tuple[str, str]]]:
+    """The journal's message kinds (of the tasks still in the store), and the rows of refused
+    calls that are not final (none, when nothing is left half-recorded)."""
     from sqlalchemy import select
 
     from bidding.store import read_session
     from bidding.store.schema import Announcement, Message
 
-    outcomes: dict[str, Outcome] = {}
     journal: Counter[str] = Counter()
+    accepted = set(task_ids)
+    unfinished: list[tuple[str, str]] = []
     with read_session(database_url) as session:
-        for row in session.execute(select(Announcement.task_id, Announcement.state,
-                                          Announcement.result, Announcement.error)):
-            if row.state == "SUCCESS":
-                outcomes[row.task_id] = Outcome("SUCCESS", value=(row.result or {}).get("value"))
-            else:
-                outcomes[row.task_id] = Outcome(row.state, error=row.error or "")
+        for row in session.execute(select(Announcement.task_id, Announcement.state)):
+            if row.task_id not in accepted and row.state not in ("SUCCESS", "FAILED",
+                                                                 "ESCALATED"):
+                unfinished.append((row.task_id, row.state))
         for kind, in session.execute(select(Message.kind)):
             journal[kind] += 1
-    accepted = set(task_ids)
-    unfinished = [(t, o.state) for t, o in outcomes.items()
-                  if t not in accepted and o.state not in ("SUCCESS", "FAILED", "ESCALATED")]
-    return {t: outcomes[t] for t in task_ids if t in outcomes}, journal, unfinished
+    return journal, unfinished
 
 
 def report(result: SoakResult) -> str:
     """The soak's figures as markdown."""
     c, v = result.config, result.verdict
     lines = [
-        f"### Chaos soak: {c.tasks} tasks, {c.nodes} nodes, store {c.store}",
+        f"### Chaos soak: {c.count} tasks"
+        + (f" over {c.minutes:g} min" if c.minutes else "")
+        + f", {c.nodes} nodes, store {c.store}"
+        + (f", retention {c.retention_seconds:g} s" if c.retention_seconds else ""),
         "",
         f"- {v.accepted} accepted by `.delay()`, {v.refused} refused ("
         + (", ".join(f"{n} {k}" for k, n in v.refusals.most_common()) or "none") + "); "
@@ -322,6 +363,15 @@ def report(result: SoakResult) -> str:
         f"- took {result.seconds:.0f} s ({c.submit_seconds:.0f} s of submission at "
         f"{c.rate:g}/s; the last outcome {result.settle_seconds:.1f} s after it)",
         f"- protocol checker: {_protocol(result.protocol)}",
+        *([] if not result.most_rows else [
+            "- the store's largest row counts: " + ", ".join(
+                f"{t.removeprefix('bidding_')} {n}" for t, n in result.most_rows.items())
+            + f"; the retention job ran {result.prunes} time(s)"]),
+        *([] if not result.memory else [
+            "- memory of the workers alive from the warm-up to the end (RSS, with their pool "
+            "processes): " + "; ".join(
+                f"{node} {first / 1024:.0f} -> {last / 1024:.0f} MiB ({growth:+.1f}%)"
+                for node, _, first, last, growth in result.memory)]),
         f"- verdict: {'held' if v.ok else 'FAILED'}"
         + ("" if v.ok else f" ({len(v.problems)} problems)"),
     ]

@@ -46,6 +46,8 @@ class Plan:
     #: (``pg_terminate_backend``, new connections still accepted: what a failover, a PgBouncer
     #: restart or an idle timeout does to a pool); 0 = never.
     sever_every: float = 0.0
+    #: Nodes never killed (a long soak measures their memory over the whole run).
+    spare: tuple[str, ...] = ()
 
 
 @dataclass
@@ -121,7 +123,8 @@ class Chaos:
                 return
             try:
                 if kind == "kill":
-                    node = rng.choice(self.nodes)
+                    node = rng.choice([n for n in self.nodes if n not in self.plan.spare]
+                                      or self.nodes)
                     self.faults.append(Fault("kill", time.time(), node))
                     log(f"chaos: SIGKILL {node}, restarted {self.plan.pause:g}s later")
                     self.restart_node(node, self.plan.pause)

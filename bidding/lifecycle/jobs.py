@@ -22,7 +22,7 @@ _DUE_AT = select(Job.due_at).where(Job.name == bindparam("name"))
 _CLAIM = (update(_JOBS)
           .where(_JOBS.c.name == bindparam("j_name"), _JOBS.c.due_at <= bindparam("j_now"))
           .values(due_at=bindparam("j_next"), last_by=bindparam("j_by"),
-                  last_at=bindparam("j_now")))
+                  last_at=bindparam("j_now"), runs=_JOBS.c.runs + 1))
 
 
 def due_at(database_url: str, name: str) -> float | None:
@@ -45,7 +45,8 @@ def claim(database_url: str, name: str, every: float, by: str,
             return False
         # Its first run: whoever inserts the row runs it.
         return insert_once(session, _JOBS, {"name": name, "due_at": now + every,
-                                            "last_by": by, "last_at": now}, report=True)
+                                            "last_by": by, "last_at": now, "runs": 1},
+                           report=True)
 
 
 def record(database_url: str, name: str, result: dict[str, Any]) -> None:

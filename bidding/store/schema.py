@@ -308,3 +308,5 @@ class Job(Base):
     last_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
     last_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     last_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
+    #: How many times it ran.
+    runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")

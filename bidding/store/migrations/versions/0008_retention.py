@@ -28,6 +28,7 @@ def upgrade() -> None:
         sa.Column('last_by', sa.String(length=255), nullable=True),
         sa.Column('last_at', sa.Float(), nullable=True),
         sa.Column('last_result', JSONType, nullable=True),
+        sa.Column('runs', sa.Integer(), server_default='0', nullable=False),
     )
 
 

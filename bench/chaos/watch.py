@@ -1,0 +1,213 @@
+"""What the soak watches while it runs: each task's outcome in the store as soon as it is
+final (a short retention prunes it soon after), each caller's outcome, the node workers'
+memory and the store's size."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.chaos.verdict import Outcome
+
+#: Seconds between two looks at the pending outcomes, and between two samples of memory
+#: and size.
+LOOK_EVERY = 1.0
+SAMPLE_EVERY = 15.0
+FINAL = ("SUCCESS", "FAILED", "ESCALATED")
+#: The tables whose rows the soak counts (retention must bound them).
+COUNTED = ("bidding_announcements", "bidding_messages", "bidding_bids", "bidding_episodes",
+           "bidding_ledger")
+
+
+def caller_outcome(result: Any, timeout: float) -> Outcome:
+    """What the caller's ``.get()`` says (waiting up to ``timeout``)."""
+    try:
+        return Outcome("SUCCESS", value=result.get(timeout=timeout))
+    except Exception as exc:
+        name = type(exc).__name__
+        return Outcome("TIMEOUT" if name == "TimeoutError" else "FAILED",
+                       error=f"{name}: {exc}")
+
+
+def store_outcomes(database_url: str, task_ids: list[str]) -> dict[str, Outcome]:
+    """The final outcomes the store holds for ``task_ids`` (tasks not final left out)."""
+    from sqlalchemy import select
+
+    from bidding.store import read_session
+    from bidding.store.schema import Announcement
+
+    found: dict[str, Outcome] = {}
+    with read_session(database_url) as session:
+        for row in session.execute(
+                select(Announcement.task_id, Announcement.state, Announcement.result,
+                       Announcement.error)
+                .where(Announcement.task_id.in_(task_ids), Announcement.state.in_(FINAL))):
+            found[row.task_id] = (Outcome("SUCCESS", value=(row.result or {}).get("value"))
+                                  if row.state == "SUCCESS"
+                                  else Outcome(row.state, error=row.error or ""))
+    return found
+
+
+@dataclass
+class OutcomeWatcher:
+    """Collects every submitted task's outcome, at the store and at its caller, while the
+    soak runs: a task a retention prunes later is judged on what the store said when it
+    ended."""
+
+    database_url: str
+    store: dict[str, Outcome] = field(default_factory=dict)
+    caller: dict[str, Outcome] = field(default_factory=dict)
+    _results: dict[str, Any] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def add(self, task_id: str, result: Any) -> None:
+        """Watch one accepted task."""
+        with self._lock:
+            self._results[task_id] = result
+
+    def start(self) -> None:
+        """Look every second, in a thread of its own."""
+        self._thread = threading.Thread(target=self._run, name="soak-outcomes", daemon=True)
+        self._thread.start()
+
+    def _pending(self) -> tuple[list[str], list[tuple[str, Any]]]:
+        with self._lock:
+            return ([t for t in self._results if t not in self.store],
+                    [(t, r) for t, r in self._results.items() if t not in self.caller])
+
+    def look(self) -> None:
+        """Record what has ended since the last look (a store or broker down: next time)."""
+        in_store, at_caller = self._pending()
+        for start in range(0, len(in_store), 500):
+            with contextlib.suppress(Exception):
+                self.store.update(store_outcomes(self.database_url,
+                                                 in_store[start:start + 500]))
+        for task_id, result in at_caller:
+            with contextlib.suppress(Exception):
+                if result.ready():
+                    self.caller[task_id] = caller_outcome(result, 10.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(LOOK_EVERY):
+            self.look()
+
+    def finish(self, deadline: float) -> None:
+        """Stop looking in the background; wait for what is left until ``deadline``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        while time.time() < deadline:
+            self.look()
+            in_store, at_caller = self._pending()
+            if not in_store and not at_caller:
+                return
+            time.sleep(LOOK_EVERY)
+        for task_id, result in self._pending()[1]:
+            self.caller[task_id] = caller_outcome(result, 0.1)
+
+
+def rss_kb(pid: int) -> int:
+    """Resident memory of ``pid`` and every process under it, in KiB (0 when gone)."""
+    total = 0
+    for member in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{member}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+@dataclass
+class Sample:
+    """One look at the federation's memory and the store's size."""
+
+    at: float
+    #: (node, pid) -> KiB resident, the worker with its pool processes.
+    rss: dict[tuple[str, int], int]
+    #: table -> rows.
+    rows: dict[str, int]
+
+
+@dataclass
+class Sampler:
+    """Samples memory and store size every ``SAMPLE_EVERY`` seconds, in a thread."""
+
+    database_url: str
+    workers: Any  # () -> {node name: pid}
+    every: float = SAMPLE_EVERY
+    samples: list[Sample] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Sample now and every ``every`` seconds until stopped."""
+        self._thread = threading.Thread(target=self._run, name="soak-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Take a last sample and stop."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+        self.sample()
+
+    def _run(self) -> None:
+        self.sample()
+        while not self._stop.wait(self.every):
+            self.sample()
+
+    def sample(self) -> None:
+        """One sample (a store that cannot be read now gives no row counts this time)."""
+        rss = {(node, pid): rss_kb(pid) for node, pid in self.workers().items()}
+        rows: dict[str, int] = {}
+        with contextlib.suppress(Exception):
+            from sqlalchemy import text
+
+            from bidding.store import read_session
+            with read_session(self.database_url) as session:
+                rows = {t: int(session.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
+                        for t in COUNTED}
+        self.samples.append(Sample(time.time(), rss, rows))
+
+    def memory_growth(self, warm_up: float) -> list[tuple[str, int, int, int, float]]:
+        """Per worker process that lived through the whole run after ``warm_up`` seconds:
+        (node, pid, KiB after warm-up, KiB at the end, growth in %)."""
+        if not self.samples:
+            return []
+        start = self.samples[0].at + warm_up
+        after = [s for s in self.samples if s.at >= start]
+        if len(after) < 2:
+            return []
+        first, last = after[0], after[-1]
+        return [(node, pid, kb, last.rss[(node, pid)],
+                 100.0 * (last.rss[(node, pid)] - kb) / kb)
+                for (node, pid), kb in first.rss.items()
+                if kb > 0 and last.rss.get((node, pid), 0) > 0]
+
+    def most_rows(self) -> dict[str, int]:
+        """Each counted table's largest row count over the run."""
+        most: dict[str, int] = {}
+        for sample in self.samples:
+            for table, n in sample.rows.items():
+                most[table] = max(most.get(table, 0), n)
+        return most
