@@ -217,7 +217,7 @@ def explain(task_id: str, app: Celery | None = None, *,
         if row is None:
             raise UnknownTaskError(
                 f"task {task_id}: no such announcement in the store {store_label(database_url)}"
-            )
+                " (a finished task is pruned after bidding_retention_days)")
         bids = session.scalars(
             select(BidRow).where(BidRow.task_id == task_id).order_by(BidRow.id)
         ).all()

@@ -100,7 +100,7 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
         if row is None:
             raise UnknownTaskError(
                 f"task {task_id}: no such announcement in the store {store_label(database_url)}"
-            )
+                " (a finished task is pruned after bidding_retention_days)")
         ledger = session.scalars(select(LedgerEntry).where(LedgerEntry.task_id == task_id)
                                  .order_by(LedgerEntry.id)).all()
         log = session.scalars(select(Message).where(Message.task_id == task_id)

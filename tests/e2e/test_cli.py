@@ -329,7 +329,8 @@ def test_unknown_task_says_no_such_announcement_in_the_named_store(
     # Then it exits 1 with one error line naming the id and the store it looked in
     assert result.returncode == 1, shown(result)
     assert result.stderr == (
-        f"Error: task no-such-id: no such announcement in the store {store_url}\n"), shown(result)
+        f"Error: task no-such-id: no such announcement in the store {store_url} (a finished "
+        "task is pruned after bidding_retention_days)\n"), shown(result)
 
 
 def test_commands_run_from_another_folder_name_the_store_and_create_none(tmp_path: Path) -> None:
