@@ -65,7 +65,8 @@ def reset(task_id: str, app: Celery | None = None, *,
         row = session.get(AnnouncementRow, task_id, with_for_update=True)
         if row is None:
             raise UnknownTaskError(
-                f"task {task_id}: no such announcement in the store {store_label(database_url)}")
+                f"task {task_id}: no such announcement in the store {store_label(database_url)}"
+                " (a finished task is pruned after bidding_retention_days)")
         outcome = ResetOutcome(task_id=task_id, state=row.state, node=row.assigned_node,
                                cleared_attempts=row.check_attempts,
                                cleared_escalation=row.escalation,

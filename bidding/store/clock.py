@@ -83,10 +83,13 @@ def _read(source: str, engine: Engine, *, local: bool) -> None:
         # far longer than an outage), or this host's clock before the first one.
         _retry_at[source] = time.monotonic() + RETRY_AFTER
         first = (str(exc).strip().splitlines() or [""])[0]
-        logger.warning("could not read the store's clock (%s: %s); keeping %s, trying again "
-                       "in %gs", type(exc).__name__, first,
-                       "the previous reading" if clock.current() else "this host's clock",
-                       RETRY_AFTER)
+        # Before the first reading the session that follows meets the same error and says
+        # so; a refresh that fails is this module's own news.
+        had = clock.current() is not None
+        logger.log(logging.WARNING if had else logging.INFO,
+                   "could not read the store's clock (%s: %s); keeping %s, trying again in "
+                   "%gs", type(exc).__name__, first,
+                   "the previous reading" if had else "this host's clock", RETRY_AFTER)
         return
     reading = clock.Reading(server=float(server), monotonic=(sent + received) / 2,
                             source=source, round_trip=received - sent)
