@@ -6,7 +6,8 @@ bidding explain TASK_ID -A proj                 # every bid, its score breakdown
 bidding nodes -A proj | bidding stats -A proj | bidding db upgrade -A proj
 bidding monitor -A proj | bidding reset TASK_ID -A proj   # seed 002's watch of delegated work
 bidding check -A proj                           # the protocol checker over the message log
-bidding api -A proj --port 8000                 # the AITP HTTP API
+bidding api -A proj --port 8000                 # the AITP HTTP API (--allow-open: beyond
+                                                #   the loopback without a token)
 bidding redis --port 6479                       # an embedded Redis to try it with
 ```
 """
@@ -428,12 +429,16 @@ def prune(older_than: str, app_name: str | None, database_url: str | None,
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True,
               help="Port to listen on.")
-def api(app_name: str | None, host: str, port: int) -> None:
+@click.option("--allow-open", is_flag=True,
+              help="Listen beyond the loopback without bidding_api_token: writes need no "
+                   "token (for a network you trust).")
+def api(app_name: str | None, host: str, port: int, allow_open: bool) -> None:
     """Serve the AITP HTTP API (/aitp/tasks, /aitp/nodes, /aitp/stats; /docs) with uvicorn.
 
     Needs the `api` extra (pip install 'celery-bidding[api]'). Set bidding_api_token
     (BIDDING_API_TOKEN) to require `Authorization: Bearer <token>` on writes, and
-    bidding_api_read_token on reads too.
+    bidding_api_read_token on reads too (and on writes, while no bidding_api_token is set).
+    Without bidding_api_token it listens on the loopback only, unless --allow-open.
     """
     if not app_name:
         raise click.UsageError("pass the Celery app with -A/--app (or set CELERY_APP)")
@@ -443,9 +448,17 @@ def api(app_name: str | None, host: str, port: int) -> None:
     import uvicorn
 
     from bidding.api.app import create_app
+    from bidding.api.exposure import is_loopback, open_refusal
 
     app = _load_app(app_name)
-    _settings(app_name, None, app)  # a bad setting is refused here, in one line
+    settings = _settings(app_name, None, app)  # a bad setting is refused here, in one line
+    refusal = open_refusal(host, settings.api_token, allow_open)
+    if refusal is not None:
+        raise click.ClickException(refusal)
+    if settings.api_token is None and not is_loopback(host):
+        guard = ("only the read token (bidding_api_read_token)" if settings.api_read_token
+                 else f"no token: anyone who reaches {host}:{port} may submit and reset tasks")
+        click.echo(f"bidding api: --allow-open: writes need {guard}", err=True)
     uvicorn.run(create_app(app), host=host, port=port, log_level="info")
 
 

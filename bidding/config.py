@@ -162,12 +162,25 @@ class Settings(BaseModel):
     notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
+    #: The most bytes of JSON a call's args and kwargs may take together (``[args, kwargs]``,
+    #: as the store keeps them): ``.delay()``, ``apply_async`` and ``self.retry(args=...)``
+    #: refuse a larger call naming the task and the size, and ``bidding.submit`` (POST
+    #: /aitp/tasks) a definition's input values or a subtask's literal input. Every attempt's
+    #: row and message carries them: pass large data by reference (a URL, a path, a key).
+    #: At most 1 GiB, PostgreSQL's largest text value.
+    max_arguments_bytes: int = Field(1_048_576, ge=1024, le=1_073_741_824)
     #: ``bidding api``: when set, every write (POST) needs ``Authorization: Bearer <token>``
-    #: (401 without it). Reads stay open unless ``api_read_token`` is set too.
+    #: (401 without it). Reads stay open unless ``api_read_token`` is set too. Without it,
+    #: ``bidding api`` refuses to listen on a host other than the loopback (unless
+    #: ``--allow-open``).
     api_token: str | None = Field(None, min_length=1, repr=False)
     #: ``bidding api``: when set, every read (GET) needs ``Authorization: Bearer <token>`` with
-    #: this token (or the write token).
+    #: this token (or the write token); while ``api_token`` is not set, writes need it too.
     api_read_token: str | None = Field(None, min_length=1, repr=False)
+    #: ``bidding api``: the largest request body it reads, in bytes; a larger one is answered
+    #: 413 naming this setting before it is parsed or stored (a chunked one too: reading stops
+    #: at the limit).
+    api_max_body_bytes: int = Field(1_048_576, ge=1024, le=1_073_741_824)
 
     @field_validator("allowed_strategies", mode="before")
     @classmethod

@@ -116,7 +116,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         delay = _delay(options)
         running: execution.Running | None = getattr(self.request, _RUNNING, None)
         if running is not None and task_id == running.task_id:
-            arguments_json(self.name, args, kwargs)  # refused here, as a new call's are
+            # Refused here, as a new call's are.
+            arguments_json(self.name, args, kwargs, settings.max_arguments_bytes)
             execution.retry_requested(settings, running, delay, args, kwargs)
             return AsyncResult(task_id, app=self.app)
         defaults = dict(self.bidding or {})

@@ -22,6 +22,7 @@ from sqlalchemy.exc import DataError, OperationalError
 from bidding import clock
 from bidding.api.auth import read_access, write_access
 from bidding.api.dashboard import mount_dashboard
+from bidding.api.limits import BodyLimit
 from bidding.api.models import FINAL, NotDone, Problem, Submitted, TaskResult, TaskState, aitp_state
 from bidding.app import install
 from bidding.config import get_settings
@@ -48,6 +49,14 @@ _404: dict[int | str, dict[str, Any]] = {
 _503: dict[int | str, dict[str, Any]] = {
     503: {"model": Problem, "description": "The store (or, for a write, the broker) cannot "
           "be reached"}}
+#: What every write may answer besides, whatever it does.
+_WRITE: dict[int | str, dict[str, Any]] = {
+    **_401,
+    403: {"model": Problem, "description": "A write without a bearer token, the "
+          "X-Bidding-Request header or a JSON body: one a web page on another site could "
+          "send"},
+    413: {"model": Problem, "description": "The body is over bidding_api_max_body_bytes"},
+    **_503}
 
 
 #: The largest id the message log holds: its id column is a 32-bit INTEGER on PostgreSQL.
@@ -140,6 +149,9 @@ def create_app(celery_app: Celery) -> FastAPI:
     api = FastAPI(title="celery-bidding AITP API", version="0.1.0",
                   description="Seed 004 section 8: submit a task definition, follow it, read "
                               "its result; every auction's bids; the nodes; the statistics.")
+    # Outermost of the application's own layers: a body over the limit is refused before
+    # anything reads it.
+    api.add_middleware(BodyLimit, limit=settings.api_max_body_bytes)
 
     @api.exception_handler(OperationalError)
     async def store_down(request: Request, exc: OperationalError) -> JSONResponse:
@@ -163,7 +175,7 @@ def create_app(celery_app: Celery) -> FastAPI:
 
     @api.post("/aitp/tasks", status_code=status.HTTP_201_CREATED, response_model=Submitted,
               dependencies=writes, tags=["tasks"],
-              responses={**_401, **_503, 400: {
+              responses={**_WRITE, 400: {
                   "model": Problem, "description": "The body cannot be read (bytes that are "
                   "not UTF-8 text)"}, 422: {
                   "model": Problem, "description": "The definition does not validate, or "
@@ -236,7 +248,7 @@ def create_app(celery_app: Celery) -> FastAPI:
             raise _not_found(exc) from None
 
     @api.post("/aitp/tasks/{task_id}/reset", response_model=ResetOutcome | GraphReset,
-              dependencies=writes, tags=["tasks"], responses={**_401, **_404, **_503})
+              dependencies=writes, tags=["tasks"], responses={**_WRITE, **_404})
     def reset_task(task_id: TaskId) -> ResetOutcome | GraphReset:
         """Seed 002's ``reset_task`` (``bidding reset``): clear the task's checking state
         (checks without news, next check, escalation) and put it back under watch; for a task

@@ -64,11 +64,12 @@ def _skill_list(skills: Any) -> list[Any]:
 
 
 def arguments_json(task_name: str, args: Sequence[Any] | None,
-                   kwargs: Mapping[str, Any] | None) -> str:
+                   kwargs: Mapping[str, Any] | None, limit: int | None = None) -> str:
     """The JSON of a call's arguments; a clear error, naming the task, if JSON cannot carry
     them or the store cannot keep them (a new call, or ``self.retry(args=...)``): NaN and
     infinity too, naming the argument, since the stored announcement would give every later
-    attempt null instead."""
+    attempt null instead; and, past ``limit`` bytes (``bidding_max_arguments_bytes``), naming
+    the size."""
     arguments = [list(args or ()), dict(kwargs or {})]
     odd = non_json_number(arguments[0], "args") or non_json_number(arguments[1], "kwargs")
     if odd is not None:
@@ -82,6 +83,12 @@ def arguments_json(task_name: str, args: Sequence[Any] | None,
             f"args/kwargs of {task_name}: not JSON serializable ({exc}); "
             "celery-bidding sends JSON only"
         ) from None
+    # json.dumps escapes every non-ASCII character, so its length is its size in bytes.
+    if limit is not None and len(payload) > limit:
+        raise ConfigurationError(
+            f"args/kwargs of {task_name}: {len(payload)} bytes of JSON, more than "
+            f"bidding_max_arguments_bytes ({limit}); pass large data by reference (a URL, "
+            "a path, a key) instead")
     # JSON escapes both (as \u0000 and \ud800): only a payload holding such an escape is walked.
     if "\\u0000" in payload or "\\ud" in payload:
         refuse_unstorable(f"args/kwargs of {task_name}",
@@ -139,7 +146,7 @@ def build_announcement(
     check_options(options, "bidding")
     args = list(args or ())
     kwargs = dict(kwargs or {})
-    payload = arguments_json(task.name, args, kwargs)
+    payload = arguments_json(task.name, args, kwargs, settings.max_arguments_bytes)
     capability = getattr(task, "capability", None)
     merged: dict[str, Any] = {
         "task_type": (getattr(task, "task_type", None) or capability

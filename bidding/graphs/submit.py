@@ -97,7 +97,7 @@ def submit(spec: Any, *, app: Celery, input: Mapping[str, Any] | None = None) ->
     settings = get_settings(app)
     values = defn.input_with_defaults(dict(input or {}))
     tasks = capability_tasks(app)
-    check(defn, values, tasks)
+    check(defn, values, tasks, settings.max_arguments_bytes)
     ensure_schema(settings.database_url)
     names = {capability: task.name for capability, task in tasks.items()}
     with write_session(settings.database_url) as session:

@@ -4,6 +4,7 @@ and the field. ``check`` collects them all and raises one ``GraphValidationError
 from __future__ import annotations
 
 import inspect
+import json
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
@@ -26,9 +27,10 @@ class GraphValidationError(ConfigurationError):
 
 
 def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
-              tasks: Mapping[str, Any]) -> list[str]:
+              tasks: Mapping[str, Any], max_arguments_bytes: int | None = None) -> list[str]:
     """Every problem of ``defn`` run with input ``values``, given the registered tasks by
-    capability (``tasks``: capability -> Celery task)."""
+    capability (``tasks``: capability -> Celery task); input values or a subtask's literal
+    input with more than ``max_arguments_bytes`` of JSON among them."""
     steps = defn.steps()
     if not steps:
         return ["subtasks: a task needs subtasks or an agent_capability"]
@@ -49,6 +51,8 @@ def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
                      f"({' -> '.join(cycle)})")
     found += _input_errors(defn, values)
     found += _non_json_numbers(steps, values)
+    if max_arguments_bytes is not None:
+        found += _oversized(steps, values, max_arguments_bytes)
     if cycle is None:
         tree = plan.ancestors(steps)
         by_id = {s.subtask_id: s for s in steps}
@@ -64,9 +68,10 @@ def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
     return found
 
 
-def check(defn: TaskDefinition, values: Mapping[str, Any], tasks: Mapping[str, Any]) -> None:
+def check(defn: TaskDefinition, values: Mapping[str, Any], tasks: Mapping[str, Any],
+          max_arguments_bytes: int | None = None) -> None:
     """Raise ``GraphValidationError`` listing every problem of ``defn``, if any."""
-    found = errors_of(defn, values, tasks)
+    found = errors_of(defn, values, tasks, max_arguments_bytes)
     if found:
         raise GraphValidationError(defn.name, found)
 
@@ -93,6 +98,25 @@ def _non_json_numbers(steps: list[Subtask], values: Mapping[str, Any]) -> list[s
     found = [problem] if (problem := non_json_number(dict(values), "input")) else []
     found += [f"subtask {step.subtask_id}: {problem}" for step in steps
               if (problem := non_json_number(step.input, "input"))]
+    return found
+
+
+def _oversized(steps: list[Subtask], values: Mapping[str, Any], limit: int) -> list[str]:
+    """Input values, or a subtask's literal input, whose JSON is over ``limit`` bytes
+    (``bidding_max_arguments_bytes``): a subtask's announcement would carry them, and
+    ``.delay()`` refuses such arguments. (A template's value, known when the subtask starts,
+    is checked then, by the announcement.)"""
+    found = []
+    for where, value in [("input", dict(values)),
+                         *((f"subtask {s.subtask_id}: input", s.input) for s in steps)]:
+        try:
+            # As the announcement measures it: non-ASCII escaped, so characters are bytes.
+            size = len(json.dumps(value))
+        except (TypeError, ValueError):
+            continue  # not JSON at all: not this check's to say
+        if size > limit:
+            found.append(f"{where}: {size} bytes of JSON, more than "
+                         f"bidding_max_arguments_bytes ({limit})")
     return found
 
 

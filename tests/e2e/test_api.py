@@ -134,3 +134,64 @@ def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(api_url: s
         assert stats["succeeded"] == 3
         won = {n["name"]: n["tasks_won"] for n in http.get("/aitp/nodes").json()}
         assert won == {"bluefin": 1, "redfin": 1, "tpm": 1}
+
+
+def test_an_api_on_every_interface_without_a_token_starts_only_when_allowed_open(
+        tmp_path: Path) -> None:
+    # given the demo app on a SQLite store, and no bidding_api_token
+    port = free_port()
+    env = clean_env(CELERY_BROKER_URL="memory://", CELERY_RESULT_BACKEND="cache+memory://",
+                    BIDDING_DATABASE_URL=f"sqlite:///{tmp_path / 'store.db'}",
+                    PYTHONPATH=str(REPO_ROOT))
+    command = [sys.executable, "-m", "bidding.cli", "api", "-A", "bidding.demo.app",
+               "--host", "0.0.0.0", "--port", str(port)]
+    # when `bidding api --host 0.0.0.0` is started
+    refused = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                             timeout=30, check=False)
+    # then it refuses to start, in one line naming the setting, its variable and the flag
+    assert refused.returncode == 1, (refused.stdout, refused.stderr)
+    said = refused.stderr.strip()
+    assert said.startswith("Error: --host 0.0.0.0 is not the loopback"), said
+    assert "bidding_api_token" in said and "BIDDING_API_TOKEN" in said, said
+    assert "--allow-open" in said and "\n" not in said, said
+
+    # when it is started with --allow-open
+    log = tmp_path / "api.log"
+    with log.open("ab") as handle:
+        process = subprocess.Popen([*command, "--allow-open"], cwd=REPO_ROOT, env=env,
+                                   stdout=handle, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        def answers() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"bidding api exited with {process.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                return httpx.get(f"{url}/openapi.json", timeout=2).status_code == 200
+            return False
+
+        # then it serves, and says its writes are open
+        assert wait_until(answers, timeout=30), log.read_text()
+        assert "--allow-open: writes need no token: anyone who reaches 0.0.0.0" in log.read_text()
+        with httpx.Client(base_url=url, timeout=30) as http:
+            # and a 20 MB definition is refused by its length, and a chunked one of 2 MiB as
+            # it is read, each naming the setting
+            big = b'{"name": "x", "input_values": {"blob": "' + b"x" * 20_000_000 + b'"}}'
+            declared = http.post("/aitp/tasks", content=big,
+                                 headers={"content-type": "application/json"})
+            assert declared.status_code == 413, declared.text
+            assert "bidding_api_max_body_bytes (1048576 bytes)" in declared.json()["detail"]
+            chunked = http.post("/aitp/tasks", content=iter([b"x" * 65_536] * 32),
+                                headers={"content-type": "application/json"})
+            assert chunked.status_code == 413, chunked.text
+            assert chunked.json()["detail"] == (
+                "the request body is over bidding_api_max_body_bytes (1048576 bytes)")
+            # and a reset a web page could send cross-site is refused; with the header, done
+            forged = http.post("/aitp/tasks/some-id/reset")
+            assert forged.status_code == 403 and "X-Bidding-Request" in forged.text
+            asked = http.post("/aitp/tasks/some-id/reset", headers={"X-Bidding-Request": "1"})
+            assert asked.status_code == 404, asked.text
+            # and nothing was stored
+            assert http.get("/aitp/stats").json()["announced"] == 0
+    finally:
+        stop_process(process)

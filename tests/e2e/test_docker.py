@@ -341,6 +341,10 @@ def test_the_api_and_its_dashboard_are_published_on_port_8000(config: dict[str, 
     # it), published on the host's loopback, and is health-checked there
     assert (params["host"], params["port"]) == ("0.0.0.0", 8000), params
     assert ports == [("127.0.0.1", "8000", 8000)], ports
+    # and, with no bidding_api_token in the file, it says it may serve without one there
+    # (`bidding api` refuses to, beyond the loopback, unless --allow-open)
+    assert "BIDDING_API_TOKEN" not in service["environment"]
+    assert params["allow_open"] is True, params
     assert "127.0.0.1:8000/openapi.json" in " ".join(service["healthcheck"]["test"])
 
 

@@ -156,6 +156,17 @@ def retrying(self: Any, key: str, times: int) -> dict[str, Any]:
 
 
 @app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="swelling", required_skills=["shared"])
+def swelling(self: Any, key: str, size: int, blob: str = "") -> int:
+    """Without a ``blob``, retries itself with one of ``size`` characters (perhaps over
+    ``bidding_max_arguments_bytes``); with one, returns its length."""
+    counters().incr(f"attempts:{key}")
+    if not blob:
+        raise self.retry(args=(key, size, "x" * size), countdown=0.1)
+    return len(blob)
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
           task_type="late", required_skills=["late_skill"])
 def late(self: Any, value: Any) -> dict[str, Any]:
     """Only a node that joins later can do this."""

@@ -396,6 +396,60 @@ def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced
         assert session.scalar(select(func.count()).select_from(AnnouncementRow)) == 0
 
 
+def test_arguments_over_the_limit_are_refused_naming_the_task_the_size_and_the_setting():
+    # given bidding_max_arguments_bytes at its least, 1024, and arguments whose JSON (args and
+    # kwargs together, as the store keeps it: [[...], {...}]) has 1024 bytes, then 1025
+    conf = settings(max_arguments_bytes=1024)
+    fits = ["x" * 1008, {"k": 1}]  # [["<1008 x>"], {"k": 1}]: 1024 bytes
+    assert len(json.dumps([fits[:1], fits[1]])) == 1024
+    # when the first is announced, then it is
+    assert build(args=fits[:1], kwargs=fits[1], conf=conf).args == fits[:1]
+    # when the second is, then it is refused, naming the task, the size and the setting
+    with pytest.raises(ConfigurationError) as info:
+        build(args=["x" * 1009], kwargs={"k": 1}, conf=conf)
+    assert str(info.value) == (
+        "args/kwargs of demo.tasks.extract: 1025 bytes of JSON, more than "
+        "bidding_max_arguments_bytes (1024); pass large data by reference (a URL, a path, "
+        "a key) instead")
+
+
+def test_delay_with_a_2_mib_argument_is_refused_before_anything_is_announced(
+        monkeypatch, store_url):
+    from celery import Celery
+    from sqlalchemy import func, select
+
+    import bidding
+    from bidding.config import celery_conf
+    from bidding.store import read_session
+    from bidding.store.schema import Announcement as AnnouncementRow
+
+    # given an app with the default limit (1 MiB) on a real store, and a task
+    for name in [k for k in os.environ if k.startswith("BIDDING_")]:
+        monkeypatch.delenv(name)
+    app = Celery("t", set_as_current=False)
+    app.conf.update(celery_conf("memory://", "cache+memory://"), bidding_database_url=store_url)
+    bidding.install(app)
+
+    @app.task(base=bidding.BiddingTask, name="demo.tasks.summarize", required_skills=["x"],
+              shared=False)
+    def summarize(text: str) -> str:
+        """The task body never runs: the call is refused before it is announced."""
+        return text[:10]
+
+    # when it is called with 2 MiB of text
+    with pytest.raises(ValueError) as info:
+        summarize.delay("x" * 2_097_152)
+    # then the caller gets a bidding error, a ValueError, naming the task, the size and the
+    # setting
+    assert isinstance(info.value, bidding.BiddingError)
+    assert str(info.value).startswith(
+        "args/kwargs of demo.tasks.summarize: 2097162 bytes of JSON, more than "
+        "bidding_max_arguments_bytes (1048576)")
+    # and nothing was announced
+    with read_session(store_url) as session:
+        assert session.scalar(select(func.count()).select_from(AnnouncementRow)) == 0
+
+
 @pytest.mark.parametrize(
     ("args", "kwargs", "options", "where", "what"),
     [([1, "a\x00b"], None, None, "args/kwargs of demo.tasks.extract: args[1]", "NUL"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
 from pathlib import Path
@@ -472,3 +473,140 @@ def test_the_dashboards_files_are_package_data() -> None:
     assert {"api/static/index.html", "api/static/dashboard.js"} <= set(files)
     for name in files:
         assert any(fnmatch.fnmatch(name, g) for g in globs), f"{name} is not package data"
+
+
+# --- the boundary: body size, tokens, cross-site writes (issue: limits and safe defaults) ----
+
+
+def announced(store_url: str) -> int:
+    """How many announcements (tasks and graph steps) the store holds."""
+    with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+        count = conn.execute("SELECT count(*) FROM bidding_announcements").fetchone()[0]
+    conn.close()
+    return int(count)
+
+
+def test_a_body_over_the_limit_is_413_naming_the_setting_and_nothing_is_stored(
+        client: TestClient, store_url: str) -> None:
+    # given a live node, and a definition whose input holds 2 MiB (the limit is 1 MiB)
+    bluefin_beats(store_url)
+    big = json.dumps({**SINGLE, "input_values": {"paper_pdf_url": "x" * 2_097_152}}).encode()
+    # when it is posted with its length
+    declared = client.post("/aitp/tasks", content=big,
+                           headers={"content-type": "application/json"})
+    # then 413 names its size, the setting and the limit
+    assert declared.status_code == 413, declared.text
+    assert declared.json()["detail"] == (
+        f"the request body ({len(big)} bytes) is over bidding_api_max_body_bytes "
+        "(1048576 bytes)")
+    # when it is posted chunked, without a length
+    chunked = client.post("/aitp/tasks", content=iter([big[:1_000_000], big[1_000_000:]]),
+                          headers={"content-type": "application/json"})
+    # then 413 names the setting and the limit too
+    assert chunked.status_code == 413, chunked.text
+    assert "content-length" not in chunked.request.headers
+    assert chunked.json()["detail"] == ("the request body is over bidding_api_max_body_bytes "
+                                        "(1048576 bytes)")
+    # and nothing was recorded or announced
+    assert announced(store_url) == 0
+    assert client.get("/aitp/stats").json()["announced"] == 0
+
+
+def test_the_body_limit_is_a_setting(store_url: str) -> None:
+    # given bidding_api_max_body_bytes raised to 4 MiB
+    client = TestClient(create_app(make_app(store_url, bidding_api_max_body_bytes=4_194_304)))
+    bluefin_beats(store_url)
+    # when a 2 MiB definition is posted, then it is past the body limit, and refused by the
+    # arguments' limit instead (422: bidding_max_arguments_bytes, 1 MiB by default)
+    big = {**SINGLE, "input_values": {"paper_pdf_url": "x" * 2_097_152}}
+    answer = client.post("/aitp/tasks", json=big)
+    assert answer.status_code == 422, answer.text
+    size = len(json.dumps(big["input_values"]))
+    assert (f"input: {size} bytes of JSON, more than bidding_max_arguments_bytes (1048576)"
+            in str(answer.json()["detail"]))
+    assert announced(store_url) == 0
+
+
+def test_with_only_a_read_token_writes_need_it_too(store_url: str) -> None:
+    # given a read token and no write token
+    client = TestClient(create_app(make_app(store_url, bidding_api_read_token="r")))
+    bluefin_beats(store_url)
+    # when a definition is posted, or a task reset, without a token
+    for answer in (client.post("/aitp/tasks", json=SINGLE),
+                   client.post("/aitp/tasks/nope/reset", headers={"X-Bidding-Request": "1"})):
+        # then 401 says which token to send
+        assert answer.status_code == 401, answer.text
+        assert answer.json()["detail"] == (
+            "missing or wrong bearer token: send Authorization: Bearer <bidding_api_read_token> "
+            "(no bidding_api_token is set, so the read token guards writes too)")
+    # when they are sent with the read token, then they are done
+    auth = {"Authorization": "Bearer r"}
+    assert client.post("/aitp/tasks", json=SINGLE, headers=auth).status_code == 201
+    assert client.post("/aitp/tasks/nope/reset", headers=auth).status_code == 404
+    assert announced(store_url) == 1
+
+
+def test_a_401_says_which_token_to_send(store_url: str) -> None:
+    # given both tokens
+    client = TestClient(create_app(make_app(store_url, bidding_api_token="w",
+                                            bidding_api_read_token="r")))
+    # when a write and a read come without a token, then each 401 names its token
+    write = client.post("/aitp/tasks/nope/reset")
+    assert write.status_code == 401
+    assert write.json()["detail"] == ("missing or wrong bearer token: send Authorization: "
+                                      "Bearer <bidding_api_token>")
+    read = client.get("/aitp/nodes")
+    assert read.status_code == 401
+    assert read.json()["detail"] == ("missing or wrong bearer token: send Authorization: "
+                                     "Bearer <bidding_api_read_token> (or bidding_api_token)")
+
+
+def test_a_write_a_page_on_another_site_could_send_is_refused(
+        client: TestClient, store_url: str) -> None:
+    # given an API without any token (on the loopback), a live node, and a task escalated by
+    # the watch
+    from bidding.config import Settings
+    from tests.unit.test_checking import delegated, watched
+
+    bluefin_beats(store_url)
+    task_id, t0 = delegated(Settings(database_url=store_url, auto_migrate=False))
+    watched(Settings(database_url=store_url), task_id, check_attempts=10, check_since=t0,
+            next_check_time=t0 + 1800, escalated_at=t0 + 9000, escalation="silent")
+    # when a page elsewhere POSTs the reset (no body, no header: no CORS preflight), or a
+    # definition as text or without a content type
+    refused = [client.post(f"/aitp/tasks/{task_id}/reset"),
+               client.post("/aitp/tasks", content=json.dumps(SINGLE),
+                           headers={"content-type": "text/plain"}),
+               client.post("/aitp/tasks", content=json.dumps(SINGLE)),
+               # Basic credentials the browser remembers for the API's address go with a form
+               client.post(f"/aitp/tasks/{task_id}/reset",
+                           headers={"Authorization": "Basic dXNlcjpwYXNz"})]
+    # then each is 403, saying what a client sends instead
+    for answer in refused:
+        assert answer.status_code == 403, answer.text
+        assert answer.json()["detail"] == (
+            "a write needs the header X-Bidding-Request: 1 (or a JSON body, or a bearer "
+            "token): a web page on another site can send neither without a CORS preflight, "
+            "which this API does not answer")
+    # and nothing changed
+    assert client.get(f"/aitp/tasks/{task_id}").json()["watch"]["escalated"] is True
+    assert announced(store_url) == 1
+    # when a client sends the header, a JSON body or a bearer token, then it is done
+    assert client.post(f"/aitp/tasks/{task_id}/reset",
+                       headers={"X-Bidding-Request": "1"}).status_code == 200
+    assert client.post(f"/aitp/tasks/{task_id}/reset",
+                       headers={"Authorization": "Bearer any"}).status_code == 200
+    assert client.post("/aitp/tasks", json=SINGLE).status_code == 201
+    assert client.post("/aitp/tasks", content=json.dumps(SINGLE), headers={
+        "content-type": "text/plain", "X-Bidding-Request": "1"}).status_code == 422
+    assert client.get(f"/aitp/tasks/{task_id}").json()["watch"]["escalated"] is False
+
+
+def test_the_openapi_schema_declares_the_boundarys_refusals(client: TestClient) -> None:
+    # when the schema is read
+    paths = client.get("/openapi.json").json()["paths"]
+    # then both writes declare 403 (cross-site) and 413 (body too large), and the header
+    for path in ("/aitp/tasks", "/aitp/tasks/{task_id}/reset"):
+        assert {"401", "403", "413"} <= set(paths[path]["post"]["responses"]), path
+        headers = {p["name"] for p in paths[path]["post"]["parameters"] if p["in"] == "header"}
+        assert headers == {"X-Bidding-Request"}, path

@@ -30,6 +30,30 @@ def test_defaults_without_conf_or_environment():
     assert settings == Settings()
 
 
+def test_the_boundarys_limits_default_to_one_mib():
+    # given nothing set, then a request body and a call's arguments may have 1 MiB each
+    settings = load_settings({}, {})
+    assert settings.api_max_body_bytes == 1_048_576
+    assert settings.max_arguments_bytes == 1_048_576
+    # and either is a setting, from app.conf or the environment
+    assert load_settings({"bidding_api_max_body_bytes": 4096}, {}).api_max_body_bytes == 4096
+    assert load_settings({}, {"BIDDING_MAX_ARGUMENTS_BYTES": "2048"}).max_arguments_bytes == 2048
+
+
+@pytest.mark.parametrize(("name", "value", "reason"), [
+    ("api_max_body_bytes", 0, "greater than or equal to 1024"),
+    ("api_max_body_bytes", 2**31, "less than or equal to 1073741824"),
+    ("max_arguments_bytes", 100, "greater than or equal to 1024"),
+    ("max_arguments_bytes", -1, "greater than or equal to 1024")])
+def test_a_limit_out_of_its_bounds_is_refused_naming_the_setting(name, value, reason):
+    # given a limit below 1 KiB (nothing useful fits) or above 1 GiB (PostgreSQL's largest
+    # text value)
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({f"bidding_{name}": value}, {})
+    # then the message names the setting and the bound
+    assert f"bidding_{name}: Input should be {reason} (got {value})" in str(info.value)
+
+
 def test_defaults_when_nothing_is_passed(monkeypatch):
     # given no arguments and no BIDDING_* variable in the process environment
     monkeypatch.delenv("BIDDING_WINDOW", raising=False)

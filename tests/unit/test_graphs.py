@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -156,6 +157,29 @@ def test_nan_or_infinity_in_the_input_is_refused_naming_where() -> None:
     # then each is named, with the reason
     assert "input['weights']['a'][1]: Infinity is not JSON" in message
     assert "subtask subtask_2: input['threshold']: NaN is not JSON" in message
+
+
+def test_input_over_the_arguments_limit_is_refused_naming_where_and_its_size() -> None:
+    # given input values and a subtask's literal input each over a 1024-byte limit (their
+    # JSON is what a subtask's announcement carries)
+    spec = paper()
+    spec["input_values"]["notes"] = "n" * 1100
+    spec["subtasks"][1]["input"]["glossary"] = ["g" * 600, "h" * 600]
+    defn = load_definition(spec)
+    values = defn.input_with_defaults()
+    tasks = {**TASKS, "nlp_analysis": FakeTask("demo.analyze", _any)}
+    # when it is checked with bidding_max_arguments_bytes = 1024
+    with pytest.raises(GraphValidationError) as caught:
+        check(defn, values, tasks, max_arguments_bytes=1024)
+    # then each is named, with its size and the setting
+    message = str(caught.value)
+    assert (f"input: {len(json.dumps(values))} bytes of JSON, more than "
+            "bidding_max_arguments_bytes (1024)") in message
+    literal = spec["subtasks"][1]["input"]
+    assert (f"subtask subtask_2: input: {len(json.dumps(literal))} bytes of JSON, more than "
+            "bidding_max_arguments_bytes (1024)") in message
+    # and within the default limit the same definition is valid
+    check(defn, values, tasks)
 
 
 def _any(**kwargs: Any) -> dict[str, Any]:
