@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 from sqlalchemy import update
 
-from bidding.auction import announce as announce_module
+from bidding.auction import routes as routes_module
 from bidding.auction.announce import open_auction
 from bidding.auction.board import StoreBoard
 from bidding.auction.close import close_auction
@@ -251,7 +251,7 @@ def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reaso
     def down(*_: Any, **__: Any) -> None:
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(announce_module, "request_bids", down)
+    monkeypatch.setattr(routes_module, "request_bids", down)
     task = rfp(bid_mode="ask")
     # when it is announced, the caller gets the error
     with pytest.raises(ConnectionError):
