@@ -447,7 +447,8 @@ def test_the_image_has_the_package_source_the_app_config_and_the_profiles() -> N
     workdir, files = image_layout()
     # Then the package's build files are copied for pip
     sources = {path.relative_to(REPO_ROOT).as_posix() for path in files.values()}
-    assert {"pyproject.toml", "README.md", "bidding/__init__.py", "bidding/cli.py"} <= sources
+    assert {"pyproject.toml", "README.md", "bidding/__init__.py",
+            "bidding/cli/__init__.py"} <= sources
     assert any(s.startswith("bidding/store/migrations/versions/") for s in sources)
     # ... the example app's config module sits in the working directory, where it is imported
     assert str(workdir / "celeryconfig.py") in files
@@ -465,6 +466,6 @@ def test_the_build_context_leaves_out_the_venv_git_caches_and_bench() -> None:
                  "bench/quality_success.png", "bench/out.json", "bidding.db"):
         assert ignored(path, patterns), f"{path} is sent to the Docker build"
     # ... while what the image needs is
-    for path in ("pyproject.toml", "README.md", "bidding/cli.py", "celeryconfig.py",
+    for path in ("pyproject.toml", "README.md", "bidding/cli/__init__.py", "celeryconfig.py",
                  "workers/redfin.toml"):
         assert not ignored(path, patterns), f"{path} is left out of the Docker build"
