@@ -38,7 +38,7 @@ from bidding.lifecycle.transition import transition
 from bidding.models import Announcement, Award
 from bidding.nodes.registry import LiveNode
 from bidding.store import write_session
-from bidding.store.outage import outlasting
+from bidding.store.outage import outlasting, retryable
 
 logger = logging.getLogger(__name__)
 
@@ -170,17 +170,30 @@ def _proxy(auction: Auction, plan: AuctionPlan) -> bool:
     def opening(session: Session) -> None:
         record_new(session, announcement, list(plan.candidates))
 
+    def award() -> Award | None:
+        return award_by_proxy(auction.settings, auction.app, announcement,
+                              auction.nodes(plan.candidates),
+                              opening if plan.row is RowStep.WITH_AWARD else None)
+
+    url = auction.settings.database_url
     try:
-        award = award_by_proxy(auction.settings, auction.app, announcement,
-                               auction.nodes(plan.candidates),
-                               opening if plan.row is RowStep.WITH_AWARD else None)
-    except Exception:
-        logger.exception("proxy bids for %s failed; asking the candidates instead",
-                         announcement.task_id)
+        # A new task's award, its row with it, outlasts a dropped connection as its insert
+        # would (nothing of a try that failed before its commit is written; one whose commit
+        # landed is known by its award's time, ``award._award_landed``).
+        award_made = (outlasting(url, f"awarding {announcement.task_id}", award,
+                                 patience=CALLER_PATIENCE)
+                      if plan.row is RowStep.WITH_AWARD and auction.new else award())
+    except Exception as exc:
+        if retryable(url, exc):
+            logger.warning("proxy bids for %s: the store is unreachable (%s); asking the "
+                           "candidates instead", announcement.task_id, type(exc).__name__)
+        else:
+            logger.exception("proxy bids for %s failed; asking the candidates instead",
+                             announcement.task_id)
         assert plan.fallback is not None
         return _ask(auction, plan.fallback)
-    if award is not None:
-        route_award(auction.app, auction.settings, announcement, award)
+    if award_made is not None:
+        route_award(auction.app, auction.settings, announcement, award_made)
     return True
 
 
