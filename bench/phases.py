@@ -44,7 +44,7 @@ TARGETS = [
     ("bidding.auction.consumer", "close_auction", "node.close_auction (award, total)"),
     ("bidding.auction.close", "close_auction", "node.close_auction (award, total)"),
     ("bidding.auction.award", "in_flight_counts", "node.award.in_flight_counts"),
-    ("bidding.auction.award", "_commit_award", "node.award._commit_award (write)"),
+    ("bidding.auction.award", "bind", "node.award.bind (write)"),
     ("bidding.auction.award", "send_execution", "node.award.send_execution (publish)"),
     ("bidding.auction.sweeper", "close_expired", "node.sweeper.close_expired"),
     ("bidding.auction.sweeper", "announce_due", "node.sweeper.announce_due"),

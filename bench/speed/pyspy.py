@@ -19,7 +19,7 @@ from bench.speed.backend import Backend
 #: Node-side functions whose inclusive py-spy samples are reported.
 NODE_FUNCTIONS = [
     "answer", "place_bid", "gather_histories", "record_answer", "close_auction", "in_flight_counts",
-    "_commit_award", "send_execution", "begin", "finish", "model_validate", "connect",
+    "bind", "send_execution", "begin", "finish", "model_validate", "connect",
     "_on_connect", "commit", "close_expired", "heartbeat", "on_message", "trace_task",
 ]
 #: Node workers sampled by py-spy (the first ones started).

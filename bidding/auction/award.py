@@ -1,28 +1,34 @@
-"""Committing an award: the decision (``decision.decide``) applied to the store in one
-transaction, and routed to the winner (or the caller's result failed with the reason).
+"""The award: the auction decided on its answers (``decision.decide`` with the task's
+strategy), bound in the store with the winner reserved (``bind``, in ``reserve``'s loop), and
+routed to the winner (or the caller's result failed with the reason).
 
-The transaction locks the bidders' node rows, re-counts their in-flight work (so concurrent
-auctions spread), compare-and-sets the announcement's state (so a duplicate closer does
-nothing), writes the scored bids with their messages, and moves the task to ASSIGNED with the
-winner, or to FAILED with the no-bid outcome.
+One entry point per input: ``award_answers`` for answers in hand (read off the bid board, or
+proxy bids made for a slow strategy), ``award_made_inside`` for proxy bids made inside the
+bind's transaction from the states it reads under its lock. Both return the bound award, or
+None when there is none to route (someone else closed the auction).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from enum import Enum
-from typing import Any, cast
 
 from celery import Celery
-from sqlalchemy import Table, bindparam, select, update
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.auction.bid import NodeHistory
-from bidding.auction.board import answer_message, bid_values, sorted_answers
+from bidding.auction.bind import (
+    ROW_WAIT,
+    AwardJob,
+    Decided,
+    Unbound,
+    bind,
+    row_appears,
+)
+from bidding.auction.board import sorted_answers
 from bidding.auction.decision import (
     NO_VALID_BIDS,
     decide,
@@ -30,45 +36,25 @@ from bidding.auction.decision import (
     fallback_pool,
     refresh_loads,
 )
-from bidding.auction.history import in_flight_counts, lock_states
+from bidding.auction.history import in_flight_counts
+from bidding.auction.reserve import AGAIN, Again, reserve
 from bidding.config import Settings
 from bidding.errors import ConfigurationError, NoBidsError
-from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution
+from bidding.execution.dispatch import mark_undelivered, send_execution
 from bidding.execution.report import fail_caller
-from bidding.lifecycle import events, journal, states
-from bidding.lifecycle.transition import transition
-from bidding.models import Announcement, Award, Bid, Refusal, Score
+from bidding.lifecycle import events, states
+from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import live_nodes
-from bidding.store import read_session, write_session
-from bidding.store.engine import core, is_sqlite
-from bidding.store.outage import outlasting, retryable
-from bidding.store.rows import insert_rows
+from bidding.store import read_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow
 from bidding.strategies.protocol import NodeCapability, SelectionStrategy, decides_at_once
 from bidding.strategies.resolver import resolve_strategy
 
 logger = logging.getLogger(__name__)
 
-
-#: Bid rows are written in one Core statement (no ORM unit of work on the award's path).
-_BIDS = cast(Table, BidRow.__table__)
-
-#: Decisions re-made when concurrent awards reserve the same nodes; the last one commits as is.
-RESERVATION_TRIES = 3
-#: Seconds an award waits for the announcement's row (bids may complete before the caller's
-#: insert commits; SQLite's writers wait up to 30 s for the lock).
-ROW_WAIT = 30.0
-#: Seconds an awarder waits for the store to tell whether its award's commit landed, when the
-#: reply to it was lost.
-CHECK_PATIENCE = 15.0
-
-
-_OPEN = (
-    select(AnnouncementRow.state, AnnouncementRow.attempt)
-    .where(AnnouncementRow.task_id == bindparam("task_id"))
-)
+#: ``closed_by`` of an auction its announcer closed with proxy bids.
+PROXY_CLOSE = "proxy bids"
 
 
 @dataclass(frozen=True)
@@ -109,61 +95,75 @@ def strategy_of(settings: Settings, rfp: Announcement) -> SelectionStrategy:
         return RefusedStrategy(rfp.strategy, f"refused here: {exc}")
 
 
-def award_answers(
-    settings: Settings,
-    rfp: Announcement,
-    answers: Sequence[Bid | Refusal] | AnswersInside,
-    *,
-    closed_by: str,
-    candidates: int,
-    write: bool,
-    opening: Callable[[Session], object] | None = None,
-) -> Award | None:
-    """Decide ``rfp``'s auction on ``answers`` and commit the award (not routed yet); None when
-    someone else closed it first or its row never appeared.
+def award_answers(settings: Settings, announcement: Announcement,
+                  answers: Sequence[Bid | Refusal], *, closed_by: str, candidates: int,
+                  write: bool) -> Award | None:
+    """Decide the auction on ``answers`` in hand (read off the bid board, or proxy bids made
+    for a slow strategy) and bind the award (not routed yet); None when someone else closed
+    it first or its row never appeared. ``write``: the answers are not in the store yet (a
+    Redis board's, proxy bids): they are written, scored, with the award.
 
-    ``write``: the answers are not in the store yet (a Redis board, or proxy bids); they are
-    written, scored, in the award's transaction. ``opening`` writes the announcement itself in
-    that same transaction (a new auction decided at once: proxy bids with a scoring strategy).
-    """
-    strategy = strategy_of(settings, rfp)
-    at_once = decides_at_once(strategy)
-    if (opening is not None or isinstance(answers, AnswersInside)) and not at_once:
-        raise ValueError(f"strategy {rfp.strategy} decides outside the award's "
+    A scoring strategy decides under the bind's lock, in one transaction. A slow one (an LLM
+    judge) decides outside it, on the counts read then; the bind re-checks them (on the last
+    try only its winner's), never running the judge under the lock."""
+    bidders = sorted(b.node for b in answers if isinstance(b, Bid))
+    job, at_once = _job(settings, announcement, bidders, lambda _s, _k: answers, write=write,
+                        closed_by=closed_by, candidates=candidates)
+    if at_once:
+        return reserve(lambda _last: _outcome(job, bind(job)))
+
+    def decided_outside(last: bool) -> Award | Again | None:
+        counts = in_flight_counts(settings, bidders)
+        award = job.decide(answers, counts)
+        checked = ([award.winner] if award.winner else []) if last else bidders
+        return _outcome(job, bind(job, Decided(award, counts, checked)))
+
+    return reserve(decided_outside)
+
+
+def award_made_inside(settings: Settings, announcement: Announcement, inside: AnswersInside,
+                      *, candidates: int, opening: Callable[[Session], object] | None = None
+                      ) -> Award | None:
+    """Make the proxy bids ``inside`` the award's transaction, from the bidders' states read
+    under its lock, decide and bind (a scoring strategy: it decides in microseconds under the
+    lock); ``opening`` writes the announcement's own row in the same transaction first."""
+    job, at_once = _job(settings, announcement, sorted(set(inside.nodes)), inside.make,
+                        write=True, closed_by=PROXY_CLOSE, candidates=candidates,
+                        made_at=inside.now, opening=opening)
+    if not at_once:
+        raise ValueError(f"strategy {announcement.strategy} decides outside the award's "
                          "transaction: its announcement and answers must be stored first")
-    if isinstance(answers, AnswersInside):
-        bidders = sorted(set(answers.nodes))
-    else:
-        bidders = sorted(b.node for b in answers if isinstance(b, Bid))
+    return reserve(lambda _last: _outcome(job, bind(job)))
 
-    def make_award(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
-        return decide_award(settings, rfp, strategy, given, counts, closed_by=closed_by,
-                            candidates=candidates)
 
-    result: Award | _Commit = _Commit.STALE
-    # A scoring strategy decides in microseconds: decide under the lock, in one transaction.
-    # A slow one (an LLM judge) always decides outside it; the commit re-checks the counts it
-    # decided on, and on the last try only its winner's (never the judge under the lock).
-    for attempt_no in range(1, RESERVATION_TRIES + 1):
-        if not at_once and not isinstance(answers, AnswersInside):
-            counts = in_flight_counts(settings, bidders)
-            decided = make_award(answers, counts)
-            checked = ([decided.winner] if decided.winner else []) \
-                if attempt_no == RESERVATION_TRIES else bidders
-            result = _commit_award(settings, rfp, checked, make_award, answers, write,
-                                   (decided, counts), lock=bidders)
-        else:
-            result = _commit_award(settings, rfp, bidders, make_award, answers, write, None,
-                                   opening)
-        if result is _Commit.NOT_YET and _row_appears(settings, rfp.task_id):
-            continue  # the caller's insert committed meanwhile: decide again
-        if result is not _Commit.STALE:
-            break
-    if result is _Commit.NOT_YET:
+def _job(settings: Settings, announcement: Announcement, bidders: Sequence[str],
+         answers: Callable[[Session, dict[str, NodeHistory]], Sequence[Bid | Refusal]], *,
+         write: bool, closed_by: str, candidates: int, made_at: float | None = None,
+         opening: Callable[[Session], object] | None = None) -> tuple[AwardJob, bool]:
+    """The award to bind, with its strategy resolved once; and whether it decides at once."""
+    strategy = strategy_of(settings, announcement)
+
+    def decide(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
+        return decide_award(settings, announcement, strategy, given, counts,
+                            closed_by=closed_by, candidates=candidates)
+
+    job = AwardJob(settings, announcement, bidders, decide, answers, write, made_at, opening)
+    return job, decides_at_once(strategy)
+
+
+def _outcome(job: AwardJob, bound: Award | Unbound) -> Award | Again | None:
+    """What a bind's answer means to the reservation loop."""
+    if bound is Unbound.STALE:
+        return AGAIN
+    if bound is Unbound.NOT_YET:
+        task_id = job.announcement.task_id
+        if row_appears(job.settings, task_id):
+            return AGAIN  # the caller's insert committed meanwhile: decide again
         logger.warning("auction %s: no announcement in the store after %gs (the caller's "
-                       "insert failed or is stuck); left to the deadline sweeper", rfp.task_id,
+                       "insert failed or is stuck); left to the deadline sweeper", task_id,
                        ROW_WAIT)
-    return result if isinstance(result, Award) else None
+        return None
+    return None if bound is Unbound.LOST else bound
 
 
 def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrategy,
@@ -240,221 +240,5 @@ def stored_award(settings: Settings, task_id: str) -> Award | None:
     return Award(task_id=task_id, attempt=row.attempt, outcome=row.outcome,
                  winner=row.assigned_node, strategy=row.strategy, closed_by=row.closed_by or "",
                  error=row.error, awarded_at=row.awarded_at or clock.now())
-
-
-_EXISTS = select(AnnouncementRow.task_id).where(AnnouncementRow.task_id == bindparam("task_id"))
-
-
-def _row_appears(settings: Settings, task_id: str) -> bool:
-    """Wait (reads only, no lock held) up to ``ROW_WAIT`` seconds for ``task_id``'s row: a new
-    auction asks for bids before its row is committed, and its bids may all be in first."""
-    deadline = time.monotonic() + ROW_WAIT
-    # The insert usually commits within a few milliseconds: poll finely at first (a read costs
-    # about 0.1 ms), then back off.
-    pause = 0.0005
-    while time.monotonic() < deadline:
-        time.sleep(pause)
-        with read_session(settings.database_url) as session:
-            if session.execute(_EXISTS, {"task_id": task_id}).first() is not None:
-                return True
-        pause = min(pause * 1.3, 0.05)
-    return False
-
-
-class _Commit(Enum):
-    #: Someone else closed the auction first.
-    LOST = "lost"
-    #: In-flight counts moved since the decision: decide again.
-    STALE = "stale"
-    #: The announcement's row is not in the store yet (bids are asked for before it is
-    #: written): wait for it.
-    NOT_YET = "not yet"
-
-
-def _commit_award(
-    settings: Settings,
-    rfp: Announcement,
-    bidders: Sequence[str],
-    make_award: Callable[[Sequence[Bid | Refusal], dict[str, int]], Award],
-    answers: Sequence[Bid | Refusal] | AnswersInside,
-    write: bool,
-    decided: tuple[Award, dict[str, int]] | None,
-    opening: Callable[[Session], object] | None = None,
-    lock: Sequence[str] | None = None,
-) -> Award | _Commit:
-    """Write the award if the auction is still open (compare-and-set on its state).
-
-    The bidders' node rows are locked and their in-flight counts re-read first. An award
-    ``decided`` outside on other counts is not written (STALE): another award reserved one of
-    these nodes meanwhile. With ``decided=None`` the award is made here, under the lock, and
-    answers made ``AnswersInside`` are made here too, from those counts. ``write``: the
-    answers (from a board that keeps them outside the store, or proxy bids) are written here,
-    scored. SQLite's BEGIN IMMEDIATE serializes this on its own; PostgreSQL needs the row
-    locks. ``opening`` first writes the announcement (in state BIDDING) in this transaction.
-    ``lock``: the nodes to lock and count, when ``decided`` is checked against fewer
-    (``bidders``) than it was decided on.
-
-    A commit that landed while its reply was lost with the connection (a failover, a severed
-    connection) is known by its award's time on the row, and the award returned as made: the
-    caller must route it, not announce the task again (its insert would find the row).
-    """
-    made: list[Award] = []
-    try:
-        return _write_award_once(settings, rfp, bidders, make_award, answers, write, decided,
-                                 opening, lock, made)
-    except Exception as exc:
-        if not made or not retryable(settings.database_url, exc) \
-                or not _award_landed(settings, rfp, made[0]):
-            raise
-        logger.warning("auction %s: the store's reply to its award was lost (%s); the award "
-                       "is stored: going on", rfp.task_id, type(exc).__name__)
-        return made[0]
-
-
-_LANDED = select(AnnouncementRow.attempt, AnnouncementRow.awarded_at).where(
-    AnnouncementRow.task_id == bindparam("task_id"))
-
-
-def _award_landed(settings: Settings, rfp: Announcement, award: Award) -> bool:
-    """Whether ``award`` of ``rfp`` is the one stored (its attempt and its time)."""
-    def read() -> bool:
-        with read_session(settings.database_url) as session:
-            found = session.execute(_LANDED, {"task_id": rfp.task_id}).one_or_none()
-        return (found is not None and found.attempt == rfp.attempt
-                and found.awarded_at == award.awarded_at)
-    return outlasting(settings.database_url, f"auction {rfp.task_id}: reading its award",
-                      read, patience=CHECK_PATIENCE)
-
-
-def _write_award_once(
-    settings: Settings,
-    rfp: Announcement,
-    bidders: Sequence[str],
-    make_award: Callable[[Sequence[Bid | Refusal], dict[str, int]], Award],
-    answers: Sequence[Bid | Refusal] | AnswersInside,
-    write: bool,
-    decided: tuple[Award, dict[str, int]] | None,
-    opening: Callable[[Session], object] | None,
-    lock: Sequence[str] | None,
-    made: list[Award],
-) -> Award | _Commit:
-    """``_commit_award``'s transaction; the award it writes is put in ``made`` before the
-    commit (so that a commit whose reply was lost can be checked)."""
-    with write_session(settings.database_url) as session:
-        if opening is not None:
-            opening(session)
-        sqlite = is_sqlite(settings.database_url)
-        locked = sorted(set(lock if lock is not None else bidders))
-        # SQLite's BEGIN IMMEDIATE already serializes writers; PostgreSQL needs row locks.
-        # The same statement reads what the bids and the award need of the nodes.
-        now = answers.now if isinstance(answers, AnswersInside) else clock.now()
-        node_states = lock_states(session, locked, lock=not sqlite, task_type=rfp.task_type,
-                                  since=now - settings.recent_failure_seconds)
-        if opening is None:
-            # (A row ``opening`` has just written is open, at this attempt.)
-            current = core(session).execute(
-                _OPEN if sqlite else _OPEN.with_for_update(), {"task_id": rfp.task_id}
-            ).one_or_none()
-            if current is None:
-                return _Commit.NOT_YET  # announced, and its row not committed yet
-            if current.state != states.BIDDING or current.attempt != rfp.attempt:
-                return _Commit.LOST  # a duplicate closer: the auction is closed already
-        now_counts = {name: state.in_flight for name, state in node_states.items()}
-        if isinstance(answers, AnswersInside):
-            answers = answers.make(session, node_states)
-        if decided is None:
-            award = make_award(answers, now_counts)
-        else:
-            award, seen = decided
-            if any(now_counts.get(n, 0) != seen.get(n, 0) for n in bidders):
-                return _Commit.STALE
-        if not write_award(session, settings, rfp, answers, award, now_counts, write=write):
-            return _Commit.LOST
-        made.append(award)
-    return award
-
-
-def write_award(session: Session, settings: Settings, rfp: Announcement,
-                answers: Sequence[Bid | Refusal], award: Award, now_counts: dict[str, int],
-                *, write: bool) -> bool:
-    """Write ``award`` of ``rfp``'s open auction in ``session``: the scored answers (when
-    ``write``: they are not in the store yet) with their messages, and the compare-and-set of
-    the announcement to ASSIGNED or FAILED with its AWARDED or NO_AWARD message. False when
-    the auction was not open at ``rfp``'s attempt (someone else closed it)."""
-    target = states.ASSIGNED if award.winner is not None else states.FAILED
-    by_node = {s.node: s for s in award.scores}
-    counted: dict[str, Any] = {}
-    if write:
-        # The answers enter the log and the bids table, scored, before their award.
-        counted = {"bids_received": len(answers)}
-        journal.write(session, [answer_message(a, late=False) for a in answers])
-        # Stored as the award saw them: loads brought up to date with work awarded since.
-        fresh = {b.node: b for b in refresh_loads(
-            [a for a in answers if isinstance(a, Bid)], now_counts)}
-        rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
-                              by_node, award.winner) for a in answers]
-        for inserted in insert_rows(session, _BIDS, rows, returning=("id", "is_winner")):
-            if inserted.is_winner:
-                counted["winning_bid_id"] = inserted.id
-    winner_score = by_node[award.winner].total if award.winner in by_node else None
-    if award.winner is not None:
-        kind = journal.AWARDED
-        detail = {"outcome": award.outcome, "strategy": award.strategy,
-                  "score": winner_score, "closed_by": award.closed_by,
-                  "latency_ms": round((award.awarded_at - rfp.announced_at) * 1000, 3)}
-    else:
-        kind = journal.NO_AWARD
-        detail = {"error": award.error, "closed_by": award.closed_by}
-    if not transition(
-        session, rfp.task_id, target, kind=kind, from_states=(states.BIDDING,),
-        expect_attempt=rfp.attempt, message_node=award.winner, at=award.awarded_at,
-        detail=detail,
-        assigned_node=award.winner, awarded_at=award.awarded_at,
-        winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
-        error=award.error, finished_at=None if award.winner else award.awarded_at,
-        due_at=delivery_due(settings, rfp, award.awarded_at) if award.winner else None,
-        **counted,
-    ):
-        return False
-    if write:
-        return True
-    winning_bid_id = None
-    decided_on = {a.node for a in answers}
-    for row in session.scalars(select(BidRow).where(
-            BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
-            BidRow.late.is_(False))):
-        if row.node not in decided_on:
-            # Posted after the close read the board and before this transaction: the
-            # decision never saw it, so it is late, and can be no watchdog's next-best.
-            row.late = True
-            continue
-        for column, value in score_columns(row.node, row.will_bid, by_node,
-                                           award.winner).items():
-            setattr(row, column, value)
-        if row.is_winner:
-            winning_bid_id = row.id
-    if winning_bid_id is not None:
-        session.execute(update(AnnouncementRow)
-                        .where(AnnouncementRow.task_id == rfp.task_id)
-                        .values(winning_bid_id=winning_bid_id))
-    return True
-
-
-def score_columns(node: str, will_bid: bool, by_node: dict[str, Score],
-                  winner: str | None) -> dict[str, Any]:
-    """The bids-table columns the award sets: the strategy's score and whether it won."""
-    columns: dict[str, Any] = {"is_winner": will_bid and node == winner}
-    score = by_node.get(node)
-    if score is not None:
-        columns["score"] = score.total
-        columns["breakdown"] = score.model_dump()
-    return columns
-
-
-def scored_values(answer: Bid | Refusal, by_node: dict[str, Score],
-                  winner: str | None) -> dict[str, Any]:
-    """The bids-table row of ``answer``, scored (for a board that keeps answers outside)."""
-    return {**bid_values(answer),
-            **score_columns(answer.node, isinstance(answer, Bid), by_node, winner)}
 
 

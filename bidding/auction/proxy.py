@@ -36,7 +36,13 @@ from celery import Celery
 from sqlalchemy.orm import Session
 
 from bidding import clock
-from bidding.auction.award import AnswersInside, award_answers, strategy_of
+from bidding.auction.award import (
+    PROXY_CLOSE,
+    AnswersInside,
+    award_answers,
+    award_made_inside,
+    strategy_of,
+)
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
 from bidding.auction.history import cached_histories, read_histories
@@ -48,8 +54,8 @@ from bidding.strategies.protocol import decides_at_once
 
 logger = logging.getLogger(__name__)
 
-#: ``closed_by`` of an auction its announcer closed with proxy bids.
-PROXY_CLOSE = "proxy bids"
+__all__ = ["PROXY_CLOSE", "answers_inside", "award_by_proxy", "post_proxy_answers",
+           "profile_of", "proxy_answers"]
 
 
 def profile_of(node: LiveNode) -> NodeProfile:
@@ -121,11 +127,13 @@ def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
     candidates' state, under its lock); a strategy that decides outside it (an LLM judge) gets
     them first, from histories cached while the nodes' versions on the bid board hold.
     """
-    answers: Sequence[Bid | Refusal] | AnswersInside
     if decides_at_once(strategy_of(settings, rfp)):
-        answers = answers_inside(settings, rfp, candidates)
-    else:
-        versions = get_board(settings, app).history_versions([n.name for n in candidates])
-        answers = proxy_answers(settings, rfp, candidates, versions=versions)
+        return award_made_inside(settings, rfp, answers_inside(settings, rfp, candidates),
+                                 candidates=len(candidates), opening=opening)
+    if opening is not None:
+        raise ValueError(f"strategy {rfp.strategy} decides outside the award's transaction: "
+                         "its announcement must be stored first")
+    versions = get_board(settings, app).history_versions([n.name for n in candidates])
+    answers = proxy_answers(settings, rfp, candidates, versions=versions)
     return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
-                         candidates=len(candidates), write=True, opening=opening)
+                         candidates=len(candidates), write=True)

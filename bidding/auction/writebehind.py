@@ -50,12 +50,14 @@ from celery import Celery
 from pydantic import ValidationError
 from sqlalchemy import bindparam, select
 
-from bidding.auction.award import RESERVATION_TRIES, decide_award, strategy_of, write_award
+from bidding.auction.award import PROXY_CLOSE, decide_award, strategy_of
+from bidding.auction.bind import write_award
 from bidding.auction.board import RedisBoard, get_board, parse_answer
 from bidding.auction.history import lock_states
 from bidding.auction.opening import record_new
-from bidding.auction.proxy import PROXY_CLOSE, answers_inside
+from bidding.auction.proxy import answers_inside
 from bidding.auction.refused import REASON_CHARS, Failed, fail_unrecorded, reason_of, refuses
+from bidding.auction.reserve import AGAIN, Again, reserve
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal, describe_validation
 from bidding.nodes.registry import LiveNode
@@ -416,7 +418,8 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
     inside = answers_inside(settings, rfp, nodes)
     bidders = sorted(set(inside.nodes))
     candidates = [node.name for node in nodes]
-    for try_no in range(1, RESERVATION_TRIES + 1):
+
+    def append_once(last: bool) -> Award | Again:
         # Reservations before the store: a reservation written meanwhile is then counted
         # twice (in the store and the set) for a moment, never missed.
         seen = journal.reservations(bidders)
@@ -431,7 +434,7 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
         award = decide_award(settings, rfp, strategy, answers, counts, closed_by=PROXY_CLOSE,
                              candidates=len(nodes), extra_load=held)
         expect = None
-        if award.winner is not None and try_no < RESERVATION_TRIES:
+        if award.winner is not None and not last:
             # A fallback winner is no bidder: its reservations are read now.
             found = seen[award.winner] if award.winner in seen else \
                 journal.reservations([award.winner])[award.winner]
@@ -439,11 +442,13 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
         entry = Entry(rfp=rfp, candidates=candidates, answers=answers, award=award,
                       counts=counts)
         try:
-            if journal.append(entry, expect) != STALE:
-                return award
+            if journal.append(entry, expect) == STALE:
+                return AGAIN
+            return award
         except (redis.RedisError, AlreadyJournaled) as exc:
             return _taken(journal, rfp.task_id, exc)
-    raise AssertionError("unreachable: the last try appends unchecked")
+
+    return reserve(append_once)
 
 
 def _taken(journal: Journal, task_id: str, exc: Exception) -> Award:

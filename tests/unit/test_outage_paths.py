@@ -170,7 +170,7 @@ def test_an_award_whose_commit_landed_and_whose_reply_was_lost_goes_on(
     from sqlalchemy.exc import OperationalError
     from sqlalchemy.orm import Session
 
-    from bidding.auction import award as award_module
+    from bidding.auction import bind as award_module
     from tests.unit.conftest import postgres_database
 
     with postgres_database() as url:

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 import pytest
 
 from bidding.auction import award as award_module
-from bidding.auction.award import award_answers
+from bidding.auction import bind as bind_module
+from bidding.auction.award import award_answers, award_made_inside
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.auction.history import (
     forget_history,
@@ -163,7 +164,7 @@ def test_answers_made_inside_the_award_need_a_strategy_that_decides_at_once(
     inside = answers_inside(settings, rfp, [live("redfin", ("pdf",))], now=NOW)
     # when its answers are to be made inside the award, then that is refused, naming it
     with pytest.raises(ValueError, match="slow_judge decides outside"):
-        award_answers(settings, rfp, inside, closed_by="proxy bids", candidates=1, write=True)
+        award_made_inside(settings, rfp, inside, candidates=1)
     # and without a judge the same strategy decides at once
     assert decides_at_once(AgentJudgment()) and not decides_at_once(
         resolve_strategy("slow_judge"))
@@ -187,7 +188,7 @@ def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving
         return {"selected_agent_id": "redfin", "reasoning": "the judge's pick"}
 
     monkeypatch.setitem(STRATEGIES, "slow_judge", lambda: AgentJudgment(judge=judge))
-    real_write_session = award_module.write_session
+    real_write_session = bind_module.write_session
 
     @contextmanager
     def watched(url):
@@ -198,7 +199,7 @@ def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving
             finally:
                 inside_lock[0] = False
 
-    monkeypatch.setattr(award_module, "write_session", watched)
+    monkeypatch.setattr(bind_module, "write_session", watched)
     # and in-flight counts that move between every decision and its commit, but for redfin
     seen = iter(range(1, 10))
     monkeypatch.setattr(award_module, "in_flight_counts",
