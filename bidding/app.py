@@ -19,10 +19,13 @@ from bidding.auction.bidder import node_bidder
 from bidding.auction.consumer import BidConsumerStep
 from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
+from bidding.auction.writebehind.plugin import JournalPlugin
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
 from bidding.execution.result_wait import close_the_resubscribe_gap
+from bidding.graphs.plugin import GraphPlugin
+from bidding.lifecycle.plugins import use
 from bidding.nodes import incarnation
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import (
@@ -46,6 +49,8 @@ def install(app: Celery) -> Celery:
     """Make ``app``'s workers able to serve as nodes, and its BiddingTasks run auctions."""
     if getattr(app, _INSTALLED, False):
         return app
+    # Optional behaviour, each on when the settings say (lifecycle.plugins).
+    use(app, JournalPlugin, GraphPlugin)
     app.steps["worker"].add(NodeStep)
     app.steps["consumer"].add(BidConsumerStep)
     app.steps["consumer"].add(SweeperStep)

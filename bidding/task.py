@@ -21,8 +21,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar, NoReturn
 
 from celery import Task, current_app
 from celery.exceptions import Ignore, NotRegistered, Retry, TimeLimitExceeded
@@ -34,15 +34,14 @@ from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.board import history_changed
 from bidding.auction.task_options import check_task_class
-from bidding.auction.writebehind import WINNER_WAIT, settle, wait_written
-from bidding.config import get_settings
+from bidding.config import Settings, get_settings
 from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.execution.report import fail_caller, report_if_final, restore_view
-from bidding.graphs.advance import task_ended
 from bidding.lifecycle import events
+from bidding.lifecycle.plugins import Plugin, plugins_of
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
 from bidding.nodes.profile import current_profile
@@ -134,33 +133,48 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         return announce(self.app, settings, rfp, delay=delay, fresh_id=task_id is None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the task body; on a node, record the attempt around it and skip duplicates."""
+        """Run the task body; on a node: begin its attempt, run the body, record the outcome."""
         request = self.request
         attempt = _header(request, ATTEMPT_HEADER)
         if request.called_directly or attempt is None:
             return super().__call__(*args, **kwargs)
         settings = get_settings(self.app)
+        plugins = plugins_of(self.app, settings)
+        run = self._begin(settings, plugins, int(attempt))
+        try:
+            result = self._run_body(run, args, kwargs)
+        except Retry:
+            history_changed(settings, self.app, run.node)
+            raise  # self.retry(): apply_async above scheduled the next attempt
+        except Exception as exc:
+            self._record_failure(settings, plugins, run, exc)  # raises
+        return self._record_result(settings, plugins, run, result)
+
+    def _begin(self, settings: Settings, plugins: Sequence[Plugin],
+               attempt: int) -> execution.Running:
+        """Record that the attempt starts here (its start outlasts a store restart), or drop a
+        copy of a message this node (or another) has or had, or one that is not this store's
+        (Ignore). Flower hears it EXECUTING."""
+        request = self.request
+        for plugin in plugins:
+            plugin.before_start(request.id)
         profile = current_profile(settings)
-        url = settings.database_url
-        if settings.award_journal:
-            _settle(settings, self.app, request.id)
         # One start time for every try: a retried begin whose first commit landed knows it.
         started = clock.now()
 
         def begin() -> execution.Running:
             return outlasting(
-                url, f"task {request.id}: recording its start", lambda: execution.begin(
-                    settings, request.id, int(attempt), str(_header(request, NODE_HEADER)),
+                settings.database_url, f"task {request.id}: recording its start",
+                lambda: execution.begin(
+                    settings, request.id, attempt, str(_header(request, NODE_HEADER)),
                     profile.price_per_unit if profile is not None else 0.0,
                     redelivered=bool((request.delivery_info or {}).get("redelivered")),
                     worker=request.hostname, boot_id=incarnation.boot_id(), now=started))
 
         run = begin()
-        if (run.start is execution.Start.UNKNOWN and settings.award_journal
-                and wait_written(settings, self.app, request.id,
-                                 2 * settings.journal_reclaim_seconds)):
-            # Its award is written now (a writer that held its entry was taken over).
-            run = begin()
+        if run.start is execution.Start.UNKNOWN and any(
+                plugin.row_coming(request.id) for plugin in plugins):
+            run = begin()  # its row is written now (a plug-in that writes rows behind)
         if run.start is execution.Start.DUPLICATE:
             # This worker has announced the copy (task-received/started): point Flower back at
             # the worker that has or had the task.
@@ -178,48 +192,51 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         # Flower's EXECUTING: Celery's own STARTED ranks below the auction's states there.
         events.send(self.app, events.EXECUTING, request.id, hostname=request.hostname,
                     name=self.name, node=run.node, attempt=run.attempt)
-        try:
-            late = _past_deadline(run)
-            if late is not None:
-                # It waited in the node's queue too long: the body must not start. Nothing ran,
-                # so nothing is charged; the failed episode counts against the node, which took
-                # work it could not start in time (as a missed schedule-to-start does).
-                run.units = 0.0
-                raise late
-            result = self.run(*args, **kwargs)
-        except Retry:
-            history_changed(settings, self.app, run.node)
-            raise  # self.retry(): apply_async above scheduled the next attempt
-        except Exception as exc:
-            verdict = outlasting(url, f"task {request.id}: recording its failure",
-                                 functools.partial(execution.fail, settings, run, exc))
-            history_changed(settings, self.app, run.node)
-            if verdict.retry_in is not None:
-                # Celery records RETRY (not FAILURE): .get() keeps waiting for the next attempt.
-                raise Retry(exc=exc, when=verdict.retry_in) from exc
-            self._ended(settings, request.id)
-            if verdict.error is not None:
-                raise verdict.error from exc
-            raise
-        verdict = outlasting(url, f"task {request.id}: recording its result",
+        return run
+
+    def _run_body(self, run: execution.Running, args: Any, kwargs: Any) -> Any:
+        """The body, unless the attempt reached its node after the task's deadline."""
+        late = _past_deadline(run)
+        if late is not None:
+            # It waited in the node's queue too long: the body must not start. Nothing ran,
+            # so nothing is charged; the failed episode counts against the node, which took
+            # work it could not start in time (as a missed schedule-to-start does).
+            run.units = 0.0
+            raise late
+        return self.run(*args, **kwargs)
+
+    def _record_failure(self, settings: Settings, plugins: Sequence[Plugin],
+                        run: execution.Running, exc: Exception) -> NoReturn:
+        """The body raised: a retry (Celery's Retry: .get() keeps waiting for the next
+        attempt), or the task's failure (the body's error, or the policy's)."""
+        verdict = outlasting(settings.database_url, f"task {run.task_id}: recording its failure",
+                             functools.partial(execution.fail, settings, run, exc))
+        history_changed(settings, self.app, run.node)
+        if verdict.retry_in is not None:
+            raise Retry(exc=exc, when=verdict.retry_in) from exc
+        self._ended(plugins, run.task_id)
+        if verdict.error is not None:
+            raise verdict.error from exc
+        raise exc
+
+    def _record_result(self, settings: Settings, plugins: Sequence[Plugin],
+                       run: execution.Running, result: Any) -> Any:
+        """The body returned: SUCCESS, or the task's failure when its budget or output
+        schema says so."""
+        verdict = outlasting(settings.database_url, f"task {run.task_id}: recording its result",
                              lambda: execution.complete(settings, run, result))
         # Before Celery stores the result: the caller may announce again as soon as it has it.
         history_changed(settings, self.app, run.node)
-        self._ended(settings, request.id)
+        self._ended(plugins, run.task_id)
         if verdict.error is not None:
             raise verdict.error
         return result
 
-    def _ended(self, settings: Any, task_id: str) -> None:
-        """The attempt reached a final state: a task graph's subtask moves its graph on now
-        (announcing what it made ready); a sweeper does it later if this fails."""
-        if not self.capability:
-            return
-        try:
-            task_ended(settings, self.app, task_id)
-        except Exception:
-            logger.exception("task %s: advancing its task graph failed; a sweeper will",
-                             task_id)
+    def _ended(self, plugins: Sequence[Plugin], task_id: str) -> None:
+        """The attempt ended its task: the plug-ins' ``after_end`` (a task graph's subtask
+        moves its graph on)."""
+        for plugin in plugins:
+            plugin.after_end(task_id, self)
 
     def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
                    einfo: Any) -> None:
@@ -250,14 +267,6 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
         if run is not None:
             run.units = float(units)
-
-
-def _settle(settings: Any, app: Any, task_id: str) -> None:
-    """Write the task's award if it is still only in the write-behind journal."""
-    try:
-        settle(settings, app, task_id, wait=WINNER_WAIT)
-    except Exception as exc:  # begin then waits for a writer (wait_written)
-        logger.warning("task %s: writing its journaled award failed (%s)", task_id, exc)
 
 
 def _delay(options: Mapping[str, Any]) -> float:

@@ -6,15 +6,12 @@
 3. watches winners (``watchdog.check_winners``): lost or late winners are replaced, undelivered
    executions sent again;
 4. reports outcomes (``report.report_results``): a final result or error the result backend
-   may lack (its write failed while the broker restarted) is written from the store;
-5. advances task graphs nobody moved for a while (``graphs.advance.advance_idle``): a subtask
-   that failed outside any worker (no bids, a watchdog), or whose node died between its end
-   and announcing what it made ready.
+   may lack (its write failed while the broker restarted) is written from the store.
 
-With ``bidding_award_journal`` on, a sixth loop writes the write-behind journal's awards to
-the store (``writebehind.Writer``). Another loop takes its turn at the retention job: one node
-at a time prunes the tasks finished more than ``bidding_retention_days`` ago
-(``lifecycle.retention``).
+Beside them run the loops of the plug-ins that are on (``lifecycle.plugins``: task graphs
+advance those nobody moved for a while; the write-behind journal writes its awards to the
+store), and the node's turn at the retention job: one node at a time prunes the tasks
+finished more than ``bidding_retention_days`` ago (``lifecycle.retention``).
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
@@ -35,10 +32,9 @@ from celery import Celery
 from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.watchdog import check_winners
-from bidding.auction.writebehind import WRITER_PAUSE, Writer
 from bidding.config import Settings
 from bidding.execution.report import report_results
-from bidding.graphs.advance import advance_idle
+from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.periodic import Periodic
 
@@ -51,13 +47,14 @@ SWEEPS_PER_INTERVAL = 4
 
 
 def sweep(settings: Settings, app: Celery) -> int:
-    """One sweep: close expired auctions, announce due tasks, report outcomes, watch winners.
+    """One sweep: close expired auctions, announce due tasks, report outcomes, watch winners
+    (the plug-ins' loops, e.g. task graphs', run on their own).
 
     Returns the number of nodes alive, which sets the next sweep's interval.
     """
     # Each phase on its own: a failing one (the bid board's Redis unreachable, say) must not
     # stop the others, or retries, deferrals and watchdogs would stop with it.
-    for phase in (close_expired, announce_due, report_results, advance_idle):
+    for phase in (close_expired, announce_due, report_results):
         try:
             phase(settings, app)
         except Exception:
@@ -71,7 +68,7 @@ def sweep_interval(settings: Settings, alive: int) -> float:
 
 
 #: The phases of a sweep, by the name each is looked up under when it runs.
-PHASES = ("close_expired", "announce_due", "report_results", "advance_idle", "check_winners")
+PHASES = ("close_expired", "announce_due", "report_results", "check_winners")
 
 
 class Sweeper:
@@ -86,10 +83,9 @@ class Sweeper:
         self.loops = [Periodic(f"bidding-sweeper-{name}", self.interval,
                                functools.partial(self.run, name), jitter=0.25)
                       for name in PHASES]
-        if settings.award_journal:
-            # The write-behind journal's writer: its read blocks until entries come.
-            self.loops.append(Periodic("bidding-journal-writer", WRITER_PAUSE,
-                                       Writer(settings, app).run))
+        for plugin in plugins_of(app, settings):
+            self.loops += [Periodic(loop.name, loop.interval, loop.run, jitter=0.25)
+                           for loop in plugin.loops(self.interval)]
         retention = RetentionJob(settings, f"{socket.gethostname()}:{os.getpid()}")
         self.loops.append(Periodic("bidding-retention", retention.interval, retention.run,
                                    jitter=0.25))

@@ -11,10 +11,10 @@ from sqlalchemy import select
 
 from bidding import clock
 from bidding.auction.board import get_board
-from bidding.auction.writebehind import settle
 from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
+from bidding.lifecycle.plugins import plugins_of
 from bidding.models import Bid
 from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.observe.status import watch_of
@@ -188,15 +188,14 @@ def _breakdown_text(breakdown: dict[str, Any]) -> str:
     return " ".join(p for p in (terms, mult, f"({reason})" if reason else "") if p)
 
 
-def _settle(app: Celery, database_url: str, task_id: str) -> None:
-    """An award still in the write-behind journal is written now, so explain shows it."""
+def _before_read(app: Celery, database_url: str, task_id: str) -> None:
+    """Let the app's plug-ins bring the task's rows up to date before they are read (the
+    write-behind journal writes a pending award, so that explain shows it)."""
     settings = get_settings(app)
-    if not settings.award_journal or settings.database_url != database_url:
+    if settings.database_url != database_url:
         return
-    try:
-        settle(settings, app, task_id)
-    except Exception as exc:  # the store's state is still worth showing
-        logger.warning("explain %s: its journal entry could not be written (%s)", task_id, exc)
+    for plugin in plugins_of(app, settings):
+        plugin.before_read(task_id)
 
 
 def explain(task_id: str, app: Celery | None = None, *,
@@ -211,7 +210,7 @@ def explain(task_id: str, app: Celery | None = None, *,
         database_url = get_settings(app).database_url
     ensure_schema(database_url)
     if app is not None:
-        _settle(app, database_url, task_id)
+        _before_read(app, database_url, task_id)
     with read_session(database_url) as session:
         row = session.get(AnnouncementRow, task_id)
         if row is None:

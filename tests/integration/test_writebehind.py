@@ -592,7 +592,7 @@ def test_an_entry_this_version_cannot_read_is_left_to_one_that_can_and_blocks_no
     assert writer.run() == 0
     # and when no writer could read it for UNREADABLE_GRACE, the next one to take it over
     # fails its task, saying why
-    monkeypatch.setattr(writebehind, "UNREADABLE_GRACE", 0.0)
+    monkeypatch.setattr(writebehind.writer, "UNREADABLE_GRACE", 0.0)
     drain(private, writer)
     row = row_of(url, task_id)
     assert row is not None and row.state == "FAILED" and "cannot read" in row.error, row
