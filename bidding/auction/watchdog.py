@@ -2,7 +2,7 @@
 
 A task whose node stopped heartbeating, or that was not started within its schedule-to-start
 timeout, goes to the next-best bidder of the same auction (AITP 6.2 SELECT_NEXT_BEST), to a new
-auction, or fails, as its fallbacks say (``replace_winner``). A task whose execution message
+auction, or fails, as its fallbacks say (``reaward.replace_winner``). A task whose execution message
 could not be sent (SEND_FAILED), or, without a schedule-to-start timeout, that its live winner
 has not started by its delivery check, is sent again to the same winner (``resend``).
 """
@@ -28,12 +28,10 @@ from sqlalchemy import (
 
 from bidding import clock
 from bidding.auction.board import history_changed
+from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
-from bidding.errors import NodeLostError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
-from bidding.execution.episodes import record_episode
-from bidding.execution.report import fail_caller
-from bidding.lifecycle import events, journal, parking, states
+from bidding.lifecycle import journal, parking, states
 from bidding.lifecycle.transition import transition
 from bidding.models import Announcement
 from bidding.nodes.incarnation import Ended, end_stale, live_slots
@@ -41,7 +39,7 @@ from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Episode, Message, Node, Worker
+from bidding.store.schema import Episode, Message, Node, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -212,8 +210,9 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
                   f"worker {worker} of node {node} stopped heartbeating")
     else:
         reason = f"node {node} did not start the task in time"
-    if not replace_winner(settings, app, rfp, attempt, node, state, seen.live, reason, now,
-                          due_by=now if state == states.ASSIGNED and not dead else None):
+    lost = LostWinner(rfp, attempt, node, state, reason,
+                      due_by=now if state == states.ASSIGNED and not dead else None)
+    if not replace_winner(settings, app, lost, seen.live, now):
         return 0
     history_changed(settings, app, node)  # the lost attempt counts against it
     return 1
@@ -319,90 +318,3 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
                            at=sent, queue=exec_queue(node), why=why)
     logger.info("task %s: sent again to %s (%s)", rfp.task_id, exec_queue(node), why)
     return True
-
-
-def replace_winner(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
-                   state: str, live: set[str], reason: str, now: float,
-                   due_by: float | None = None) -> bool:
-    """Apply the task's on_agent_offline fallback to a lost winner. ``due_by``: only if the
-    task is still due by then (a winner late to start; another sweeper may have resent it).
-
-    The move is committed first and the new winner's execution sent after it, outside the
-    write transaction: with the broker down, Celery's publish retries must not hold the store's
-    write lock (SQLite's is the whole federation's). A send that fails is marked undelivered and
-    resent by a sweeper, as any other award's (``execution.dispatch.mark_undelivered``).
-    """
-    policy = rfp.fallbacks.on_agent_offline
-    exclude = [*(n for n in rfp.exclude_nodes if n != node), node]
-    moved_to: str | None = None
-    nxt = rfp
-    conditions: dict[str, Any] = {"from_states": (state,), "expect_attempt": attempt,
-                                  "expect_node": node, "due_by": due_by, "at": now}
-    with write_session(settings.database_url) as session:
-        if policy == "next_best":
-            moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
-        if moved_to is not None:
-            nxt = rfp.model_copy(update={"exclude_nodes": exclude})
-            ok = transition(
-                session, rfp.task_id, states.ASSIGNED, kind=journal.REAWARDED,
-                message_node=moved_to, detail={"from": node, "to": moved_to, "reason": reason},
-                assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
-                started_at=None, due_at=delivery_due(settings, nxt, now), **conditions,
-            )
-            if ok:
-                _lost_episode(session, rfp, attempt, node, reason, now)
-        elif policy == "fail":
-            ok = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
-                            detail={"error": reason}, error=reason, finished_at=now,
-                            due_at=None, **conditions)
-        else:
-            nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
-                                         "silent_rounds": 0,
-                                         "announced_at": now, "last_error": reason})
-            ok = transition(
-                session, rfp.task_id, states.RETRYING, kind=journal.RETRYING,
-                detail={"why": reason + "; no other bidder left, new auction",
-                        "next_attempt": attempt + 1, "delay_s": 0},
-                attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
-                assigned_node=None, **conditions,
-            )
-        if ok and moved_to is None:
-            _lost_episode(session, rfp, attempt, node, reason, now)
-    if ok and moved_to is not None:
-        events.reawarded(app, nxt, node, moved_to, exec_queue(moved_to), reason)
-        try:
-            send_execution(app, nxt, moved_to, settings)
-        except Exception as exc:
-            mark_undelivered(settings, nxt, moved_to, exc)
-    elif ok and policy == "fail":
-        # After the commit: errbacks may run here, and must not hold the write lock.
-        fail_caller(app, settings, rfp, NodeLostError(reason))
-    return ok
-
-
-def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
-               live: set[str]) -> str | None:
-    """The best-scored eligible bid of the same auction from a live node not excluded."""
-    rows = session.execute(
-        select(BidRow.node, BidRow.score, BidRow.breakdown)
-        .where(BidRow.task_id == task_id, BidRow.attempt == attempt,
-               BidRow.will_bid.is_(True), BidRow.late.is_(False))
-    ).all()
-    ranked = sorted(
-        (r for r in rows if r.node not in exclude and r.node in live
-         and (r.breakdown or {}).get("eligible", True)),
-        key=lambda r: -(r.score if r.score is not None else -1.0),
-    )
-    return ranked[0].node if ranked else None
-
-
-def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
-                  now: float) -> None:
-    """The lost winner failed this attempt: it counts against its trust (once: it may have run
-    and failed, or another sweep got there first), not its experience of the task type (a
-    worker killed or restarted under it is no verdict on the work: counted there, a few kills
-    drove every node's learned confidence under min_confidence in the chaos soak)."""
-    record_episode(session, {
-        "task_id": rfp.task_id, "attempt": attempt, "node": node, "task_type": rfp.task_type,
-        "skills": list(rfp.required_skills), "success": False, "duration_s": 0.0, "cost": 0.0,
-        "error": reason, "finished_at": now, "lost": True})

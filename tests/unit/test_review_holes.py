@@ -17,11 +17,13 @@ from celery import Celery
 from sqlalchemy import select
 from sqlalchemy.engine import make_url
 
+from bidding.auction import reaward as reaward_module
 from bidding.auction import sweeper
 from bidding.auction import watchdog as watchdog_module
 from bidding.auction.award import award_answers, strategy_of
 from bidding.auction.board import RedisBoard, StoreBoard
 from bidding.auction.decision import fallback_pool
+from bidding.auction.reaward import LostWinner
 from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError, UnknownStrategyError
 from bidding.lifecycle import journal
@@ -90,7 +92,7 @@ def test_a_reaward_is_sent_after_its_commit_and_a_failed_send_is_resent_later(
         writable.append(_store_is_writable(settings))
         raise ConnectionError("broker down")
 
-    monkeypatch.setattr(watchdog_module, "send_execution", broker_down)
+    monkeypatch.setattr(reaward_module, "send_execution", broker_down)
     # when the watchdog runs
     moved, _ = watchdog_module.check_winners(settings, APP)
     # then the move to the next-best bidder is committed, and the send was tried outside the
@@ -130,11 +132,11 @@ def test_one_lost_task_that_cannot_be_handled_does_not_stop_the_others(
     heartbeat(settings, NodeProfile(name="dead", capabilities=["s1"]), now=time.time() - 3600)
     real = watchdog_module.replace_winner
 
-    def flaky_replace(settings_: Settings, app: Any, rfp: Announcement, *args: Any,
+    def flaky_replace(settings_: Settings, app: Any, lost: LostWinner, *args: Any,
                       **kwargs: Any) -> bool:
-        if rfp.task_id == first.task_id:
+        if lost.announcement.task_id == first.task_id:
             raise ConnectionError("store hiccup")
-        return real(settings_, app, rfp, *args, **kwargs)
+        return real(settings_, app, lost, *args, **kwargs)
 
     monkeypatch.setattr(watchdog_module, "replace_winner", flaky_replace)
     # when the watchdog runs

@@ -12,6 +12,7 @@ from sqlalchemy import select, update
 
 from bidding.auction import award
 from bidding.auction import watchdog as sweeper
+from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
 from bidding.execution import dispatch
 from bidding.lifecycle import journal
@@ -125,8 +126,9 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     # and a sweeper that saw it due before the resend cannot take it from the node, nor
     # send it a second time
     now = time.time()
-    assert not sweeper.replace_winner(settings, app, rfp, rfp.attempt, NODE, lifecycle.ASSIGNED,
-                                      {NODE}, "late", now, due_by=now)
+    assert not replace_winner(settings, app, LostWinner(rfp, rfp.attempt, NODE,
+                                                        lifecycle.ASSIGNED, "late", due_by=now),
+                              {NODE}, now)
     assert not sweeper.resend(settings, app, rfp, rfp.attempt, NODE, now)
     assert broker.sent == [(rfp.task_id, NODE)]
     assert row(settings, rfp.task_id).assigned_node == NODE
