@@ -169,7 +169,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                     settings, request.id, attempt, str(_header(request, NODE_HEADER)),
                     profile.price_per_unit if profile is not None else 0.0,
                     redelivered=bool((request.delivery_info or {}).get("redelivered")),
-                    worker=request.hostname, boot_id=incarnation.boot_id(), now=started))
+                    starter=execution.Starter(request.hostname, incarnation.boot_id(),
+                                              started)))
 
         run = begin()
         if run.start is execution.Start.UNKNOWN and any(

@@ -25,7 +25,7 @@ from bidding.config import Settings
 from bidding.errors import NoBidsError
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, parking, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
@@ -163,9 +163,9 @@ def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
     """A waiting task whose deadline passed is never started: FAILED."""
     reason = "deadline passed before the task could start"
     with write_session(settings.database_url) as session:
-        moved = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
-                           from_states=states.DUE_STATES, expect_attempt=rfp.attempt,
-                           detail={"error": reason}, error=reason, finished_at=clock.now(),
-                           due_at=None)
+        moved = transition(session, rfp.task_id, states.FAILED,
+                           Log(journal.TASK_FAILED, detail={"error": reason}),
+                           Expect(states=states.DUE_STATES, attempt=rfp.attempt), error=reason,
+                           finished_at=clock.now(), due_at=None)
     if moved:
         fail_caller(app, settings, rfp, NoBidsError(reason))

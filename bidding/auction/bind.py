@@ -27,7 +27,7 @@ from bidding.auction.history import lock_states
 from bidding.config import Settings
 from bidding.execution.dispatch import delivery_due
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award, Bid, Refusal, Score
 from bidding.store import read_session, write_session
 from bidding.store.engine import core, is_sqlite
@@ -219,16 +219,16 @@ def write_award(session: Session, settings: Settings, rfp: Announcement,
     else:
         kind = journal.NO_AWARD
         detail = {"error": award.error, "closed_by": award.closed_by}
-    if not transition(
-        session, rfp.task_id, target, kind=kind, from_states=(states.BIDDING,),
-        expect_attempt=rfp.attempt, message_node=award.winner, at=award.awarded_at,
-        detail=detail,
-        assigned_node=award.winner, awarded_at=award.awarded_at,
-        winning_score=winner_score, outcome=award.outcome, closed_by=award.closed_by,
-        error=award.error, finished_at=None if award.winner else award.awarded_at,
-        due_at=delivery_due(settings, rfp, award.awarded_at) if award.winner else None,
-        **counted,
-    ):
+    if not transition(session, rfp.task_id, target,
+                      Log(kind, node=award.winner, detail=detail, at=award.awarded_at),
+                      Expect(states=(states.BIDDING,), attempt=rfp.attempt),
+                      assigned_node=award.winner, awarded_at=award.awarded_at,
+                      winning_score=winner_score, outcome=award.outcome,
+                      closed_by=award.closed_by, error=award.error,
+                      finished_at=None if award.winner else award.awarded_at,
+                      due_at=(delivery_due(settings, rfp, award.awarded_at) if award.winner
+                              else None),
+                      **counted):
         return False
     if write:
         return True

@@ -18,7 +18,7 @@ from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
 from bidding.lifecycle import events, journal, parking, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award, Refusal
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -81,13 +81,13 @@ def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bo
               f"{rfp.window:g}s (a worker restarting or reconnecting?): announced again, round "
               f"{again.silent_rounds + 1} of {settings.silent_rounds + 1}")
     with write_session(settings.database_url) as session:
-        moved = transition(
-            session, rfp.task_id, states.DEFERRED, kind=journal.DEFERRED,
-            from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
-            detail={"reason": reason, "retry_in_s": settings.heartbeat_interval,
-                    "silent_rounds": again.silent_rounds},
-            spec=again.model_dump(mode="json"), attempt=again.attempt,
-            due_at=now + settings.heartbeat_interval)
+        moved = transition(session, rfp.task_id, states.DEFERRED,
+                           Log(journal.DEFERRED, detail={
+                               "reason": reason, "retry_in_s": settings.heartbeat_interval,
+                               "silent_rounds": again.silent_rounds}),
+                           Expect(states=(states.BIDDING,), attempt=rfp.attempt),
+                           spec=again.model_dump(mode="json"), attempt=again.attempt,
+                           due_at=now + settings.heartbeat_interval)
     if moved:
         logger.warning("auction %s: %s", rfp.task_id, reason)
     return moved

@@ -19,7 +19,7 @@ from bidding.execution.dispatch import delivery_due, mark_undelivered, send_exec
 from bidding.execution.episodes import record_episode
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.nodes.profile import exec_queue
 from bidding.store import write_session
@@ -59,36 +59,34 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
     exclude = [*(n for n in rfp.exclude_nodes if n != node), node]
     moved_to: str | None = None
     nxt = rfp
-    conditions: dict[str, Any] = {"from_states": (state,), "expect_attempt": attempt,
-                                  "expect_node": node, "due_by": due_by, "at": now}
+    held = Expect(states=(state,), attempt=attempt, node=node, due_by=due_by)
     with write_session(settings.database_url) as session:
         if policy == "next_best":
             moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
         if moved_to is not None:
             nxt = rfp.model_copy(update={"exclude_nodes": exclude})
-            ok = transition(
-                session, rfp.task_id, states.ASSIGNED, kind=journal.REAWARDED,
-                message_node=moved_to, detail={"from": node, "to": moved_to, "reason": reason},
-                assigned_node=moved_to, spec=nxt.model_dump(mode="json"), awarded_at=now,
-                started_at=None, due_at=delivery_due(settings, nxt, now), **conditions,
-            )
+            ok = transition(session, rfp.task_id, states.ASSIGNED,
+                            Log(journal.REAWARDED, node=moved_to, at=now,
+                                detail={"from": node, "to": moved_to, "reason": reason}),
+                            held, assigned_node=moved_to, spec=nxt.model_dump(mode="json"),
+                            awarded_at=now, started_at=None,
+                            due_at=delivery_due(settings, nxt, now))
             if ok:
                 _lost_episode(session, rfp, attempt, node, reason, now)
         elif policy == "fail":
-            ok = transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
-                            detail={"error": reason}, error=reason, finished_at=now,
-                            due_at=None, **conditions)
+            ok = transition(session, rfp.task_id, states.FAILED,
+                            Log(journal.TASK_FAILED, detail={"error": reason}, at=now), held,
+                            error=reason, finished_at=now, due_at=None)
         else:
             nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
                                          "silent_rounds": 0,
                                          "announced_at": now, "last_error": reason})
-            ok = transition(
-                session, rfp.task_id, states.RETRYING, kind=journal.RETRYING,
-                detail={"why": reason + "; no other bidder left, new auction",
-                        "next_attempt": attempt + 1, "delay_s": 0},
-                attempt=attempt + 1, spec=nxt.model_dump(mode="json"), due_at=now,
-                assigned_node=None, **conditions,
-            )
+            ok = transition(session, rfp.task_id, states.RETRYING,
+                            Log(journal.RETRYING, at=now, detail={
+                                "why": reason + "; no other bidder left, new auction",
+                                "next_attempt": attempt + 1, "delay_s": 0}),
+                            held, attempt=attempt + 1, spec=nxt.model_dump(mode="json"),
+                            due_at=now, assigned_node=None)
         if ok and moved_to is None:
             _lost_episode(session, rfp, attempt, node, reason, now)
     if ok and moved_to is not None:

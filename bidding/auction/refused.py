@@ -24,7 +24,7 @@ from bidding.config import Settings
 from bidding.errors import NotRecordedError
 from bidding.execution.report import REPORT_BACKOFF, exception_json, fail_caller
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import write_session
 
@@ -109,8 +109,8 @@ def _write_failed(settings: Settings, rfp: Announcement, candidates: list[str],
     with write_session(settings.database_url) as session:
         if not record_new(session, rfp, candidates, once=True):
             return False
-        transition(session, rfp.task_id, states.FAILED, kind=journal.TASK_FAILED,
-                   from_states=(states.BIDDING,), expect_attempt=rfp.attempt,
-                   detail={"error": str(error)}, error=str(error), finished_at=now,
-                   result=exception_json(error), report_due=now + REPORT_BACKOFF)
+        transition(session, rfp.task_id, states.FAILED,
+                   Log(journal.TASK_FAILED, detail={"error": str(error)}),
+                   Expect(states=(states.BIDDING,), attempt=rfp.attempt), error=str(error),
+                   finished_at=now, result=exception_json(error), report_due=now + REPORT_BACKOFF)
     return True

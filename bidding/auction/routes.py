@@ -34,7 +34,7 @@ from bidding.auction.row_writes import (
 from bidding.auction.writebehind import AppendUnknown, award_behind, settle
 from bidding.config import Settings
 from bidding.lifecycle import events, journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award
 from bidding.nodes.registry import LiveNode
 from bidding.store import write_session
@@ -241,9 +241,10 @@ def _requests_unsent(auction: Auction, exc: Exception) -> None:
     if not auction.new:
         return
     with write_session(auction.settings.database_url) as session:
-        transition(session, announcement.task_id, states.FAILED, kind=journal.TASK_FAILED,
-                   from_states=(states.BIDDING,), expect_attempt=announcement.attempt,
-                   detail={"error": reason}, error=reason, finished_at=clock.now())
+        transition(session, announcement.task_id, states.FAILED,
+                   Log(journal.TASK_FAILED, detail={"error": reason}),
+                   Expect(states=(states.BIDDING,), attempt=announcement.attempt), error=reason,
+                   finished_at=clock.now())
 
 
 def _none(auction: Auction, plan: AuctionPlan) -> bool:

@@ -18,7 +18,7 @@ from bidding.config import Settings
 from bidding.errors import EscalatedError
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import read_session
 from bidding.store.outage import outlasting
@@ -71,14 +71,14 @@ def _recorded(settings: Settings, announcement: Announcement) -> bool:
 def reopen(session: Session, announcement: Announcement, candidates: list[str]) -> bool:
     """Move a due task (a retry, a deferral, a scheduled start) back to BIDDING for its
     auction; False when another sweeper took it first."""
-    return transition(
-        session, announcement.task_id, states.BIDDING, kind=journal.ANNOUNCED,
-        from_states=states.DUE_STATES, expect_attempt=announcement.attempt,
-        detail={"task_type": announcement.task_type, "candidates": candidates},
-        spec=announcement.model_dump(mode="json"), candidates=candidates,
-        expected_bids=len(candidates), bids_received=0, due_at=None,
-        closes_at=announcement.announced_at + announcement.window, assigned_node=None,
-        awarded_at=None)
+    return transition(session, announcement.task_id, states.BIDDING,
+                      Log(journal.ANNOUNCED, detail={"task_type": announcement.task_type,
+                                                     "candidates": candidates}),
+                      Expect(states=states.DUE_STATES, attempt=announcement.attempt),
+                      spec=announcement.model_dump(mode="json"), candidates=candidates,
+                      expected_bids=len(candidates), bids_received=0, due_at=None,
+                      closes_at=announcement.announced_at + announcement.window,
+                      assigned_node=None, awarded_at=None)
 
 
 def await_nodes(session: Session, settings: Settings, announcement: Announcement,
@@ -119,8 +119,8 @@ def defer(session: Session, announcement: Announcement, *, new: bool) -> Deferra
         # max_deferrals >= 1, so it was deferred before and has a DEFERRED row to leave.
         reason = f"deferred {announcement.deferrals} times: no live node offers {skills}"
         moved = transition(session, announcement.task_id, states.ESCALATED,
-                           kind=journal.ESCALATED, from_states=(states.DEFERRED,),
-                           detail={"reason": reason}, error=reason, finished_at=now,
+                           Log(journal.ESCALATED, detail={"reason": reason}),
+                           Expect(states=(states.DEFERRED,)), error=reason, finished_at=now,
                            due_at=None)
         return Deferral(moved, reason if moved else None)
     later = announcement.model_copy(update={"deferrals": announcement.deferrals + 1})
@@ -141,9 +141,10 @@ def _to_deferred(session: Session, announcement: Announcement, later: Announceme
                        attempt=announcement.attempt, at=now, **detail)
         return True
     spec: dict[str, Any] = {} if later is None else {"spec": later.model_dump(mode="json")}
-    return transition(session, announcement.task_id, states.DEFERRED, kind=journal.DEFERRED,
-                      from_states=states.DUE_STATES, expect_attempt=announcement.attempt,
-                      detail=detail, due_at=due, **spec)
+    return transition(session, announcement.task_id, states.DEFERRED,
+                      Log(journal.DEFERRED, detail=detail),
+                      Expect(states=states.DUE_STATES, attempt=announcement.attempt), due_at=due,
+                      **spec)
 
 
 def escalate(app: Celery, settings: Settings, announcement: Announcement, reason: str) -> None:

@@ -32,7 +32,7 @@ from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
 from bidding.lifecycle import journal, parking, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.nodes.incarnation import Ended, end_stale, live_slots
 from bidding.nodes.profile import exec_queue
@@ -260,10 +260,11 @@ def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None
                    AnnouncementRow.state == states.ASSIGNED,
                    AnnouncementRow.awarded_at <= now)).all()
         for task_id, attempt in assigned:
-            transition(session, task_id, states.ASSIGNED, kind=journal.WORKER_LOST,
-                       from_states=(states.ASSIGNED,), expect_attempt=attempt,
-                       expect_node=ended.node, at=now,
-                       detail={"worker": ended.hostname, "why": ended.why}, due_at=now)
+            transition(session, task_id, states.ASSIGNED,
+                       Log(journal.WORKER_LOST, at=now,
+                           detail={"worker": ended.hostname, "why": ended.why}),
+                       Expect(states=(states.ASSIGNED,), attempt=attempt, node=ended.node),
+                       due_at=now)
         session.execute(
             update(AnnouncementRow)
             .where(AnnouncementRow.worker == ended.hostname,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -30,7 +31,7 @@ from bidding.execution.outcome import complete, fail, stored_verdict
 from bidding.execution.report import exception_json
 from bidding.execution.running import Running, Start, Verdict
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import Step, apply, apply_alone, transition
+from bidding.lifecycle.transition import Expect, Log, Step, apply, apply_alone, transition
 from bidding.models import Announcement
 from bidding.store import statement_session, write_session
 from bidding.store.engine import is_sqlite
@@ -38,57 +39,81 @@ from bidding.store.schema import Announcement as AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Running", "Start", "Verdict", "begin", "complete", "fail", "hard_timeout",
+__all__ = ["Running", "Start", "Starter", "Verdict", "begin", "complete", "fail", "hard_timeout",
            "report_progress", "retry_requested", "revoked", "stored_verdict", "unrunnable"]
+
+
+@dataclass(frozen=True)
+class Starter:
+    """Who starts an attempt, and when: the worker (its Celery node name) and its incarnation
+    (if that incarnation ends, the attempt is known lost), and the start time to record
+    (default now). A caller that tries a begin again after a lost connection passes the same
+    time, so that a begin whose commit landed is recognised as its own, not as a second copy."""
+
+    worker: str | None = None
+    boot_id: str | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True)
+class _Begin:
+    """One begin, as ``begin`` prepared it."""
+
+    settings: Settings
+    task_id: str
+    attempt: int
+    node: str
+    price_per_unit: float
+    redelivered: bool
+    accepted: Step
+    runner: dict[str, Any]
+    now: float
 
 
 def begin(settings: Settings, task_id: str, attempt: int, node: str,
           price_per_unit: float = 0.0, redelivered: bool = True, *,
-          worker: str | None = None, boot_id: str | None = None,
-          now: float | None = None) -> Running:
+          starter: Starter = Starter()) -> Running:
     """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run.
 
     A message for an attempt its node already runs is run again only if the broker
     ``redelivered`` it (its worker died with it unacknowledged); a second copy of the message
     (a resend whose first publish did arrive) is a DUPLICATE, dropped, while the first runs.
-    ``now``: the start time to record; a caller that tries again after a lost connection
-    passes the same one, so that a begin whose commit landed before the connection was lost
-    is recognised as its own (FIRST), not taken for a second copy.
     """
-    now = clock.now() if now is None else now
+    now = clock.now() if starter.at is None else starter.at
     # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
-    runner = {"worker": worker, "boot_id": boot_id} if worker and boot_id else {}
-    accepted = Step(states.EXECUTING, journal.TASK_ACCEPTED,
+    runner = ({"worker": starter.worker, "boot_id": starter.boot_id}
+              if starter.worker and starter.boot_id else {})
+    accepted = Step(states.EXECUTING, Log(journal.TASK_ACCEPTED),
                     values={"started_at": now, "due_at": None, **runner})
+    held = Expect(attempt=attempt, node=node)
     try:
         if not is_sqlite(settings.database_url):
             # The usual case in one statement and one round trip (the UPDATE and its message);
             # a refused one (a duplicate, a redelivery, a stale attempt) is sorted out below.
             with statement_session(settings.database_url) as session:
-                moved = apply_alone(session, task_id, (accepted,), expect_attempt=attempt,
-                                    expect_node=node, at=now, returning=("spec",))
+                moved = apply_alone(session, task_id, (accepted,), held, at=now,
+                                    returning=("spec",))
             if moved is not None and moved.row is not None:
                 return Running(task_id, attempt, node, Start.FIRST,
                                Announcement.model_validate(moved.row[0]), price_per_unit,
                                began=time.monotonic())
-        return _begin_in_transaction(settings, task_id, attempt, node, price_per_unit,
-                                     redelivered, accepted, runner, now)
+        return _begin_in_transaction(_Begin(settings, task_id, attempt, node, price_per_unit,
+                                            redelivered, accepted, runner, now))
     except ValidationError as exc:
         _unreadable(settings, task_id, attempt, node, now, exc)
         raise
 
 
-def _begin_in_transaction(settings: Settings, task_id: str, attempt: int, node: str,
-                          price_per_unit: float, redelivered: bool, accepted: Step,
-                          runner: dict[str, Any], now: float) -> Running:
+def _begin_in_transaction(b: _Begin) -> Running:
     """``begin`` in a transaction: SQLite's way, and every refused begin's."""
-    with write_session(settings.database_url) as session:
+    task_id, attempt, node, now = b.task_id, b.attempt, b.node, b.now
+    with write_session(b.settings.database_url) as session:
         # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
-        outcome = apply(session, task_id, (accepted,), expect_attempt=attempt,
-                        expect_node=node, at=now, returning=("spec", "started_at"))
+        outcome = apply(session, task_id, (b.accepted,), Expect(attempt=attempt, node=node),
+                        at=now, returning=("spec", "started_at"))
         row = outcome.row
         if row is None:
-            return Running(task_id, attempt, node, Start.UNKNOWN, None, price_per_unit)
+            return Running(task_id, attempt, node, Start.UNKNOWN, None, b.price_per_unit)
         if outcome.moved:
             start = Start.FIRST
             spec = row[0]
@@ -99,19 +124,19 @@ def _begin_in_transaction(settings: Settings, task_id: str, attempt: int, node: 
                 # This very begin, tried again: its commit landed before the connection was
                 # lost (the refusal it just logged says so). It runs now, once.
                 start = Start.FIRST
-            elif redelivered and ours:
+            elif b.redelivered and ours:
                 journal.record(session, task_id, journal.TASK_ACCEPTED, node=node,
                                attempt=attempt, at=now, redelivered=True)
-                if runner:
+                if b.runner:
                     # It runs again here, perhaps on another worker of the node.
                     session.execute(update(AnnouncementRow).where(
                         AnnouncementRow.task_id == task_id, AnnouncementRow.attempt == attempt,
-                        AnnouncementRow.state == states.EXECUTING).values(**runner))
+                        AnnouncementRow.state == states.EXECUTING).values(**b.runner))
                 start = Start.REDELIVERED
             else:
                 start = Start.DUPLICATE
         rfp = Announcement.model_validate(spec)  # a bad spec rolls the transition back
-    return Running(task_id, attempt, node, start, rfp, price_per_unit, began=time.monotonic())
+    return Running(task_id, attempt, node, start, rfp, b.price_per_unit, began=time.monotonic())
 
 
 def _unreadable(settings: Settings, task_id: str, attempt: int, node: str, now: float,
@@ -125,9 +150,9 @@ def _unreadable(settings: Settings, task_id: str, attempt: int, node: str, now: 
               f"({exc.error_count()} problem(s): {'; '.join(problems[:3])})")
     logger.error("task %s: %s", task_id, reason)
     with write_session(settings.database_url) as session:
-        transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
-                   from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt, expect_node=node,
-                   at=now, detail={"error": reason}, error=reason, finished_at=now,
-                   result=exception_json(exc))
+        transition(session, task_id, states.FAILED,
+                   Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
+                   Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
+                   error=reason, finished_at=now, result=exception_json(exc))
 
 

@@ -17,7 +17,7 @@ from bidding import clock
 from bidding.config import Settings
 from bidding.execution.canvas import message_options
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.nodes.profile import exec_queue
 from bidding.store import write_session
@@ -47,11 +47,11 @@ def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: Base
     try:
         with write_session(settings.database_url) as session:
             return transition(session, rfp.task_id, states.ASSIGNED,
-                              kind=journal.SEND_FAILED, from_states=(states.ASSIGNED,),
-                              expect_attempt=rfp.attempt, expect_node=node, due_by=lease,
-                              message_node=node,
-                              at=now, detail={"error": error, "queue": exec_queue(node),
-                                              "retry_in_s": retry_in},
+                              Log(journal.SEND_FAILED, node=node, at=now, detail={
+                                  "error": error, "queue": exec_queue(node),
+                                  "retry_in_s": retry_in}),
+                              Expect(states=(states.ASSIGNED,), attempt=rfp.attempt, node=node,
+                                     due_by=lease),
                               due_at=now + retry_in)
     except Exception:
         logger.exception("task %s: could not record the failed send either", rfp.task_id)

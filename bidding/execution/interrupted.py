@@ -17,7 +17,7 @@ from bidding.execution.report import exception_json
 from bidding.execution.retry import retry_exclusions
 from bidding.execution.running import Running, Start
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import write_session
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -33,9 +33,10 @@ def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: s
     attempt no longer holds the task (re-awarded, finished)."""
     now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
-        return transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
-                          from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt,
-                          expect_node=node, at=now, detail={"error": reason, "revoked": True},
+        return transition(session, task_id, states.FAILED,
+                          Log(journal.TASK_FAILED, at=now,
+                              detail={"error": reason, "revoked": True}),
+                          Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
                           error=reason, finished_at=now, due_at=None)
 
 
@@ -52,11 +53,10 @@ def unrunnable(settings: Settings, task_id: str, attempt: int, node: str, reason
             return None
         rfp = Announcement.model_validate(row.spec)
         run = Running(task_id, attempt, node, Start.FIRST, rfp, began=time.monotonic())
-        failed = transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
-                            from_states=states.IN_FLIGHT_STATES, expect_attempt=attempt,
-                            expect_node=node, at=now, detail={"error": reason},
-                            error=reason, finished_at=now, due_at=None,
-                            result=exception_json(exc))
+        failed = transition(session, task_id, states.FAILED,
+                            Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
+                            Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
+                            error=reason, finished_at=now, due_at=None, result=exception_json(exc))
         if failed:
             episode(session, run, success=False, now=now, cost=0.0, error=reason)
     return rfp if failed else None
@@ -80,10 +80,10 @@ def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
         run = Running(task_id, row.attempt, node, Start.FIRST, rfp,
                       began=time.monotonic() - (now - (row.started_at or now)))
         episode(session, run, success=False, now=now, cost=0.0, error=error)
-        failed = transition(session, task_id, states.FAILED, kind=journal.TASK_FAILED,
-                            expect_attempt=row.attempt, expect_node=node, at=now,
-                            detail={"error": error, "why": "hard time limit"}, error=error,
-                            finished_at=now)
+        failed = transition(session, task_id, states.FAILED,
+                            Log(journal.TASK_FAILED, at=now,
+                                detail={"error": error, "why": "hard time limit"}),
+                            Expect(attempt=row.attempt, node=node), error=error, finished_at=now)
     return node if failed else None
 
 

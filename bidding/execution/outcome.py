@@ -26,7 +26,7 @@ from bidding.execution.report import exception_json, value_json
 from bidding.execution.retry import RetryPlan, error_text, plan_retry
 from bidding.execution.running import Running, Verdict
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import Step, apply, transition
+from bidding.lifecycle.transition import Expect, Log, Step, apply, transition
 from bidding.models import BUDGET_EPSILON, Announcement, non_json_number
 from bidding.store import read_session, write_session
 from bidding.store.schema import Message
@@ -93,29 +93,29 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
                                   error=invalid)
         # The ledger's sum matters only against a budget (the entry itself is always written).
         spent = ledger.spent(session, run.task_id) if budget is not None else 0.0
-        done = Step(states.COMPLETED, journal.TASK_COMPLETED, detail={"cost": cost},
+        done = Step(states.COMPLETED, Log(journal.TASK_COMPLETED, detail={"cost": cost}),
                     values={"finished_at": now})
         if budget is not None and spent > budget + BUDGET_EPSILON:
             reason = f"spent {spent:.4f} of budget {budget:.4f}"
             over = (budget, spent)
             error: BaseException = CostExceededError(f"task {run.task_id}: {reason}")
             verdict = Verdict(error=error)
-            then = Step(states.FAILED, journal.COST_EXCEEDED, run.node,
-                        {"budget": budget, "spent": spent},
+            then = Step(states.FAILED, Log(journal.COST_EXCEEDED, run.node,
+                                           {"budget": budget, "spent": spent}),
                         {"error": reason, "result": exception_json(error)})
         elif invalid is not None:
             error = OutputValidationError(invalid)
             verdict = Verdict(error=error)
-            then = Step(states.FAILED, journal.OUTPUT_INVALID, run.node, {"error": invalid},
+            then = Step(states.FAILED, Log(journal.OUTPUT_INVALID, run.node, {"error": invalid}),
                         {"error": invalid, "result": exception_json(error)})
         else:
             # The result is kept with the task: the store is what the caller's result is
             # written from again if the backend's first write fails (execution.report).
-            then = Step(states.SUCCESS, journal.TASK_SUCCEEDED, run.node,
+            then = Step(states.SUCCESS, Log(journal.TASK_SUCCEEDED, run.node),
                         values={"result": value_json(result)})
             verdict = Verdict()
-        if not apply(session, run.task_id, (done, then), expect_attempt=run.attempt,
-                     expect_node=run.node, at=now).moved:
+        if not apply(session, run.task_id, (done, then),
+                     Expect(attempt=run.attempt, node=run.node), at=now).moved:
             return Verdict()
     if over is not None:
         notify_cost(settings, run, *over)
@@ -228,9 +228,9 @@ def fail(settings: Settings, run: Running, exc: BaseException,
             return Verdict(retry_in=plan.delay) if moved else Verdict()
         kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
         final = CostExceededError(f"task {run.task_id}: {plan.why}") if over else exc
-        transition(session, run.task_id, states.FAILED, kind=kind,
-                   expect_attempt=run.attempt, expect_node=run.node, at=now,
-                   detail={"error": error, "why": plan.why},
+        transition(session, run.task_id, states.FAILED,
+                   Log(kind, detail={"error": error, "why": plan.why}, at=now),
+                   Expect(attempt=run.attempt, node=run.node),
                    error=f"{error} ({plan.why})" if plan.why else error, finished_at=now,
                    result=exception_json(final))
     if over is not None:
@@ -254,9 +254,8 @@ def to_retrying(session: Session, run: Running, nxt: Announcement, now: float, d
                               "next_attempt": nxt.attempt}
     if error is not None:
         detail["error"] = error
-    return transition(
-        session, run.task_id, states.RETRYING, kind=journal.RETRYING,
-        expect_attempt=run.attempt, expect_node=run.node, at=now, detail=detail,
-        attempt=nxt.attempt, spec=nxt.model_dump(mode="json"), due_at=now + delay,
-        assigned_node=None, error=error,
-    )
+    return transition(session, run.task_id, states.RETRYING,
+                      Log(journal.RETRYING, detail=detail, at=now),
+                      Expect(attempt=run.attempt, node=run.node), attempt=nxt.attempt,
+                      spec=nxt.model_dump(mode="json"), due_at=now + delay, assigned_node=None,
+                      error=error)

@@ -43,14 +43,39 @@ _FOUND: Final = ("state", "attempt", "assigned_node")
 
 
 @dataclass(frozen=True)
+class Log:
+    """The message a transition logs: its kind, node (default: the expected node), detail and
+    time (default: now)."""
+
+    kind: str
+    node: str | None = None
+    detail: Mapping[str, Any] | None = None
+    at: float | None = None
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What a transition holds the task to, beyond the source states ``states.ALLOWED``
+    permits: narrower source ``states``, its current ``attempt`` and assigned ``node``, and
+    its ``due_at`` having come by ``due_by`` (a watchdog's condition: another sweeper may have
+    dealt with it meanwhile)."""
+
+    states: Iterable[str] | None = None
+    attempt: int | None = None
+    node: str | None = None
+    due_by: float | None = None
+
+
+#: No condition beyond the allowed source states.
+ANY: Final = Expect()
+
+
+@dataclass(frozen=True)
 class Step:
     """One transition of a path: the target state, its message and the columns it sets."""
 
     target: str
-    kind: str
-    #: The message's node (default: the expected node).
-    message_node: str | None = None
-    detail: Mapping[str, Any] | None = None
+    log: Log
     values: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -70,57 +95,28 @@ WATCH_CLEARED: Final[dict[str, Any]] = {"check_attempts": 0, "next_check_time": 
                                         "escalation": None}
 
 
-def transition(
-    session: Session,
-    task_id: str,
-    target: str,
-    *,
-    kind: str,
-    from_states: Iterable[str] | None = None,
-    expect_attempt: int | None = None,
-    expect_node: str | None = None,
-    due_by: float | None = None,
-    message_node: str | None = None,
-    at: float | None = None,
-    detail: dict[str, Any] | None = None,
-    **values: Any,
-) -> bool:
-    """Move ``task_id`` to ``target`` and log ``kind``; False (and logged) when refused.
+def transition(session: Session, task_id: str, target: str, log: Log, expect: Expect = ANY,
+               **values: Any) -> bool:
+    """Move ``task_id`` to ``target`` and ``log`` it; False (and logged) when refused.
 
-    ``from_states`` narrows the allowed sources (it must be a subset of them);
-    ``expect_attempt`` and ``expect_node`` make the change conditional on the task's current
-    attempt and assigned node, ``due_by`` on its ``due_at`` having come by then (a watchdog's
-    condition: another sweeper may have dealt with it meanwhile). ``values`` are the columns
-    to set (``attempt=`` included).
+    ``expect`` narrows when it may move (see :class:`Expect`); ``values`` are the columns to
+    set (``attempt=`` included).
     """
-    return apply(session, task_id, (Step(target, kind, message_node, detail, values),),
-                 from_states=from_states, expect_attempt=expect_attempt,
-                 expect_node=expect_node, due_by=due_by, at=at).moved
+    return apply(session, task_id, (Step(target, log, values),), expect, at=log.at).moved
 
 
-def apply(
-    session: Session,
-    task_id: str,
-    steps: Sequence[Step],
-    *,
-    from_states: Iterable[str] | None = None,
-    expect_attempt: int | None = None,
-    expect_node: str | None = None,
-    due_by: float | None = None,
-    at: float | None = None,
-    returning: Sequence[str] = (),
-) -> Outcome:
-    """Move ``task_id`` along ``steps`` with one UPDATE, logging one message per step.
+def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect = ANY, *,
+          at: float | None = None, returning: Sequence[str] = ()) -> Outcome:
+    """Move ``task_id`` along ``steps`` with one UPDATE, logging one message per step (at
+    ``at``, default now).
 
-    The conditions (``from_states``, ``expect_attempt``, ``expect_node``, ``due_by``) are those
-    of the first step, exactly as ``transition`` applies them. Each later step must be allowed
-    from the one before it (else ValueError): in the same transaction, right after the first
-    step, it could not be refused, so the path is what the transitions one after the other would
-    do. A refused path is logged as one ILLEGAL_TRANSITION of its first step (``returning``
-    then names columns to read back, see ``Outcome.row``).
+    ``expect`` holds the first step, exactly as ``transition`` applies it. Each later step
+    must be allowed from the one before it (else ValueError): in the same transaction, right
+    after the first step, it could not be refused, so the path is what the transitions one
+    after the other would do. A refused path is logged as one ILLEGAL_TRANSITION of its first
+    step (``returning`` then names columns to read back, see ``Outcome.row``).
     """
-    prepared = _prepare(session, task_id, steps, from_states, expect_attempt, expect_node,
-                        due_by, at, returning)
+    prepared = _prepare(session, task_id, steps, expect, at, returning)
     stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
     first = steps[0]
     result = cast(CursorResult[Any], session.execute(stmt, params))
@@ -141,32 +137,24 @@ def apply(
     # Found in another attempt, or with another node, than the caller held: the task moved on
     # (a re-award, a retry), so the caller's change is stale rather than illegal.
     stale = found is not None and (
-        (expect_attempt is not None and found[1] != expect_attempt)
-        or (expect_node is not None and found[2] != expect_node))
+        (expect.attempt is not None and found[1] != expect.attempt)
+        or (expect.node is not None and found[2] != expect.node))
     journal.record(
         session, task_id, journal.STALE_UPDATE if stale else journal.ILLEGAL_TRANSITION,
-        node=first.message_node or expect_node,
-        attempt=first.values.get("attempt", expect_attempt) or 1, at=prepared.at,
+        node=first.log.node or expect.node,
+        attempt=first.values.get("attempt", expect.attempt) or 1, at=prepared.at,
         target=first.target,
-        wanted=first.kind,
+        wanted=first.log.kind,
         current=None if found is None else found[0],
         current_attempt=None if found is None else found[1],
         current_node=None if found is None else found[2],
-        expected_attempt=expect_attempt, expected_node=expect_node,
+        expected_attempt=expect.attempt, expected_node=expect.node,
     )
     return Outcome(False, found)
 
 
-def apply_alone(
-    session: Session,
-    task_id: str,
-    steps: Sequence[Step],
-    *,
-    expect_attempt: int | None = None,
-    expect_node: str | None = None,
-    at: float | None = None,
-    returning: Sequence[str] = (),
-) -> Outcome | None:
+def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: Expect = ANY, *,
+                at: float | None = None, returning: Sequence[str] = ()) -> Outcome | None:
     """``apply`` in one statement, for a change with nothing else to write, on a session whose
     statements commit on their own (``store.statement_session`` on PostgreSQL): the UPDATE and,
     only if it moved the task, its messages, in one round trip where a transaction took four
@@ -177,8 +165,7 @@ def apply_alone(
     and logs the refusal (its UPDATE is refused again; the refused path is the rare one).
     """
     keys = tuple(returning) or ("task_id",)
-    prepared = _prepare(session, task_id, steps, None, expect_attempt, expect_node, None, at,
-                        keys)
+    prepared = _prepare(session, task_id, steps, expect, at, keys)
     stmt = _with_messages(prepared.stmt, len(prepared.messages), keys)
     params = dict(prepared.params)
     for n, message in enumerate(prepared.messages):
@@ -217,17 +204,15 @@ class _Prepared:
     at: float
 
 
-def _prepare(session: Session, task_id: str, steps: Sequence[Step],
-             from_states: Iterable[str] | None, expect_attempt: int | None,
-             expect_node: str | None, due_by: float | None, at: float | None,
-             returning: Sequence[str]) -> _Prepared:
+def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expect,
+             at: float | None, returning: Sequence[str]) -> _Prepared:
     """Check ``steps`` and build their UPDATE (``apply``'s rules)."""
     if not steps:
         raise ValueError("a transition needs at least one step")
     first = steps[0]
     allowed = states.sources(first.target)
-    if from_states is not None:
-        narrowed = frozenset(from_states)
+    if expect.states is not None:
+        narrowed = frozenset(expect.states)
         if not narrowed <= allowed:
             raise ValueError(f"{sorted(narrowed - allowed)} -> {first.target} is not a transition")
         allowed = narrowed
@@ -248,32 +233,37 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step],
         session.flush()  # what an ORM statement's autoflush did: pending rows are visible
     dialect = session.get_bind().dialect
     with_returning = bool(returning) and dialect.update_returning
-    stmt = _update(tuple(sorted(allowed)), steps[-1].target, expect_attempt is not None,
-                   expect_node is not None, due_by is not None,
+    stmt = _update(tuple(sorted(allowed)), steps[-1].target,
+                   (expect.attempt is not None, expect.node is not None,
+                    expect.due_by is not None),
                    tuple(sorted(k for k, v in values.items() if v is not None)),
                    tuple(sorted(k for k, v in values.items() if v is None)),
                    tuple(returning) if with_returning else ())
     params: dict[str, Any] = {f"v_{k}": v for k, v in values.items() if v is not None}
     params["t_task_id"] = task_id
-    if expect_attempt is not None:
-        params["t_attempt"] = expect_attempt
-    if expect_node is not None:
-        params["t_node"] = expect_node
-    if due_by is not None:
-        params["t_due"] = due_by
+    if expect.attempt is not None:
+        params["t_attempt"] = expect.attempt
+    if expect.node is not None:
+        params["t_node"] = expect.node
+    if expect.due_by is not None:
+        params["t_due"] = expect.due_by
     messages = []
-    attempt = expect_attempt
+    attempt = expect.attempt
     for step in steps:
         attempt = step.values.get("attempt", attempt)
-        messages.append(journal.message(task_id, step.kind, node=step.message_node or expect_node,
-                                        attempt=attempt or 1, at=at, **(step.detail or {})))
+        messages.append(journal.message(task_id, step.log.kind,
+                                        node=step.log.node or expect.node,
+                                        attempt=attempt or 1, at=at, **(step.log.detail or {})))
     return _Prepared(stmt, params, with_returning, messages, at)
 
 
 @lru_cache(maxsize=256)
-def _update(allowed: tuple[str, ...], target: str, by_attempt: bool, by_node: bool,
-            by_due: bool, keys: tuple[str, ...], nulls: tuple[str, ...],
+def _update(allowed: tuple[str, ...], target: str, conditions: tuple[bool, bool, bool],
+            keys: tuple[str, ...], nulls: tuple[str, ...],
             returning: tuple[str, ...]) -> Update:
+    """The UPDATE of one shape: from ``allowed`` to ``target``, held to the task's attempt,
+    node and due time as ``conditions`` say, setting ``keys`` (and ``nulls`` to NULL)."""
+    by_attempt, by_node, by_due = conditions
     c = _TABLE.c
     # One source state (the usual case) is a plain comparison: an IN is expanded per execution.
     state = c.state == allowed[0] if len(allowed) == 1 else c.state.in_(allowed)

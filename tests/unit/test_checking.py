@@ -284,7 +284,7 @@ def test_a_task_is_checked_on_the_schedule_of_the_node_it_is_delegated_to(
 
 def test_a_move_to_another_node_starts_its_watch_afresh(fast: Settings) -> None:
     from bidding.lifecycle import journal, states
-    from bidding.lifecycle.transition import transition
+    from bidding.lifecycle.transition import Log, transition
 
     # given a task escalated by the watch while on NODE, its next check half an hour away
     task_id, t0 = delegated(fast)
@@ -292,7 +292,7 @@ def test_a_move_to_another_node_starts_its_watch_afresh(fast: Settings) -> None:
             escalated_at=t0 + 9000, escalation="silent after 10 checks")
     # when a watchdog moves it to the next-best bidder
     with write_session(fast.database_url) as session:
-        assert transition(session, task_id, states.ASSIGNED, kind=journal.REAWARDED,
+        assert transition(session, task_id, states.ASSIGNED, Log(journal.REAWARDED),
                           assigned_node="other", awarded_at=t0 + 9001)
     # then its checking state is that of a new delegation: no checks, no escalation, and the
     # next pass considers it as soon as its first wait has gone by

@@ -15,7 +15,7 @@ from bidding.errors import CostExceededError, OutputValidationError
 from bidding.execution import attempt as execution
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, RetryPolicy
 from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
@@ -152,14 +152,17 @@ def test_a_begin_tried_again_after_its_commit_landed_runs_the_task(settings: Set
     # given a begin whose commit landed, and whose answer was lost with the connection (the
     # node's worker tries it again, with the same start time)
     rfp = assigned(settings)
-    execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1000.5)
+    execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False,
+                    starter=execution.Starter(at=1000.5))
     # when it is tried again
-    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1000.5)
+    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False,
+                          starter=execution.Starter(at=1000.5))
     # then the task runs (it is not taken for a second copy of its message, dropped)
     assert run.start is execution.Start.FIRST and run.rfp == rfp
     assert row(settings, rfp.task_id).started_at == 1000.5
     # while a second copy of the message, begun later, is still a duplicate
-    later = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False, now=1001.0)
+    later = execution.begin(settings, rfp.task_id, 1, NODE, PRICE, redelivered=False,
+                            starter=execution.Starter(at=1001.0))
     assert later.start is execution.Start.DUPLICATE
 
 
@@ -266,8 +269,8 @@ def test_complete_after_a_reaward_is_refused_but_charged(settings: Settings) -> 
     rfp = assigned(settings)
     run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
     with write_session(settings.database_url) as session:
-        assert transition(session, rfp.task_id, lifecycle.ASSIGNED, kind=journal.REAWARDED,
-                          expect_attempt=1, message_node="n2", assigned_node="n2")
+        assert transition(session, rfp.task_id, lifecycle.ASSIGNED,
+                          Log(journal.REAWARDED, node="n2"), Expect(attempt=1), assigned_node="n2")
     assert execution.complete(settings, run, None) == execution.Verdict()
     assert row(settings, rfp.task_id).state == lifecycle.ASSIGNED
     assert ledger(settings, rfp.task_id) == [(1, NODE, 1.0, 0.5, 0.5)]
@@ -434,8 +437,8 @@ def test_progress_is_recorded(settings: Settings) -> None:
 
 def test_transition_refuses_sources_it_does_not_allow(settings: Settings) -> None:
     with write_session(settings.database_url) as session, pytest.raises(ValueError):
-        transition(session, "x", lifecycle.SUCCESS, kind=journal.TASK_SUCCEEDED,
-                   from_states=(lifecycle.EXECUTING,))
+        transition(session, "x", lifecycle.SUCCESS, Log(journal.TASK_SUCCEEDED),
+                   Expect(states=(lifecycle.EXECUTING,)))
 
 
 def test_transition_sets_json_values_and_updates_loaded_rows(settings: Settings) -> None:
@@ -443,9 +446,10 @@ def test_transition_sets_json_values_and_updates_loaded_rows(settings: Settings)
     with write_session(settings.database_url) as session:
         loaded = session.get(AnnouncementRow, rfp.task_id)
         assert loaded is not None
-        assert transition(session, rfp.task_id, lifecycle.RETRYING, kind=journal.RETRYING,
-                          expect_attempt=1, expect_node=NODE, at=5.0, detail={"a": [1]},
-                          attempt=2, spec={"k": [1, "x"]}, assigned_node=None)
+        assert transition(session, rfp.task_id, lifecycle.RETRYING,
+                          Log(journal.RETRYING, detail={"a": [1]}, at=5.0),
+                          Expect(attempt=1, node=NODE), attempt=2, spec={"k": [1, "x"]},
+                          assigned_node=None)
         assert (loaded.state, loaded.attempt, loaded.spec) == (
             lifecycle.RETRYING, 2, {"k": [1, "x"]})
     found = row(settings, rfp.task_id)
@@ -460,8 +464,8 @@ def test_transition_sees_rows_added_in_the_same_session(settings: Settings) -> N
         session.add(AnnouncementRow(task_id="t1", task_name="t", task_type="t", strategy="w",
                                     spec={}, state=lifecycle.DEFERRED, announced_at=1.0,
                                     closes_at=2.0))
-        assert transition(session, "t1", lifecycle.ESCALATED, kind=journal.ESCALATED,
-                          from_states=(lifecycle.DEFERRED,), error="why")
+        assert transition(session, "t1", lifecycle.ESCALATED, Log(journal.ESCALATED),
+                          Expect(states=(lifecycle.DEFERRED,)), error="why")
     assert row(settings, "t1").state == lifecycle.ESCALATED
     assert log(settings, "t1") == [(journal.ESCALATED, None, 1, {})]
 

@@ -26,7 +26,7 @@ from bidding.execution import attempt as execution
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import RetryPolicy
 from bidding.store import write_session
 from tests.unit.conftest import postgres_database
@@ -87,8 +87,8 @@ def test_a_failure_recorded_again_after_its_commit_landed_keeps_the_retry_once_a
     run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
     first = execution.fail(settings, run, ValueError("boom"), random.Random(1))
     with write_session(settings.database_url) as session:
-        assert transition(session, rfp.task_id, lifecycle.BIDDING, kind=journal.ANNOUNCED,
-                          expect_attempt=2, due_at=None)
+        assert transition(session, rfp.task_id, lifecycle.BIDDING, Log(journal.ANNOUNCED),
+                          Expect(attempt=2), due_at=None)
     # when the failure's write is tried again
     again = execution.fail(settings, run, ValueError("boom"), random.Random(1))
     # then it still says retry (the task is the next attempt's, not failed)

@@ -22,7 +22,7 @@ from bidding.cli import main
 from bidding.config import Settings
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
-from bidding.lifecycle.transition import transition
+from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
 from bidding.store.schema import Announcement as AnnouncementRow
@@ -202,8 +202,8 @@ def test_a_transition_clears_a_parking(settings: Settings) -> None:
                         .values(scan_failures=3, parked="watchdog: something"))
     # when it moves on (its node begins it)
     with write_session(settings.database_url) as session:
-        assert transition(session, rfp.task_id, lifecycle.EXECUTING, kind=journal.TASK_ACCEPTED,
-                          from_states=(lifecycle.ASSIGNED,), expect_node="n1")
+        assert transition(session, rfp.task_id, lifecycle.EXECUTING, Log(journal.TASK_ACCEPTED),
+                          Expect(states=(lifecycle.ASSIGNED,), node="n1"))
     # then what failed is history: every scan looks at it again
     found = stored(settings, rfp.task_id)
     assert (found.parked, found.scan_failures) == (None, 0)
