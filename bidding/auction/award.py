@@ -58,6 +58,15 @@ PROXY_CLOSE = "proxy bids"
 
 
 @dataclass(frozen=True)
+class Closing:
+    """How an auction closed: by what (its last answer, the deadline, proxy bids) and among
+    how many candidates."""
+
+    by: str
+    candidates: int
+
+
+@dataclass(frozen=True)
 class AnswersInside:
     """Answers made inside the award's transaction (proxy bids with a scoring strategy):
     ``make(session, states)`` bids for ``nodes`` from the states (``history.lock_states``:
@@ -107,8 +116,8 @@ def award_answers(settings: Settings, announcement: Announcement,
     judge) decides outside it, on the counts read then; the bind re-checks them (on the last
     try only its winner's), never running the judge under the lock."""
     bidders = sorted(b.node for b in answers if isinstance(b, Bid))
-    job, at_once = _job(settings, announcement, bidders, lambda _s, _k: answers, write=write,
-                        closed_by=closed_by, candidates=candidates)
+    decide, at_once = _decider(settings, announcement, Closing(closed_by, candidates))
+    job = AwardJob(settings, announcement, bidders, decide, lambda _s, _k: answers, write)
     if at_once:
         return reserve(lambda _last: _outcome(job, bind(job)))
 
@@ -127,28 +136,25 @@ def award_made_inside(settings: Settings, announcement: Announcement, inside: An
     """Make the proxy bids ``inside`` the award's transaction, from the bidders' states read
     under its lock, decide and bind (a scoring strategy: it decides in microseconds under the
     lock); ``opening`` writes the announcement's own row in the same transaction first."""
-    job, at_once = _job(settings, announcement, sorted(set(inside.nodes)), inside.make,
-                        write=True, closed_by=PROXY_CLOSE, candidates=candidates,
-                        made_at=inside.now, opening=opening)
+    decide, at_once = _decider(settings, announcement, Closing(PROXY_CLOSE, candidates))
+    job = AwardJob(settings, announcement, sorted(set(inside.nodes)), decide, inside.make,
+                   write=True, made_at=inside.now, opening=opening)
     if not at_once:
         raise ValueError(f"strategy {announcement.strategy} decides outside the award's "
                          "transaction: its announcement and answers must be stored first")
     return reserve(lambda _last: _outcome(job, bind(job)))
 
 
-def _job(settings: Settings, announcement: Announcement, bidders: Sequence[str],
-         answers: Callable[[Session, dict[str, NodeHistory]], Sequence[Bid | Refusal]], *,
-         write: bool, closed_by: str, candidates: int, made_at: float | None = None,
-         opening: Callable[[Session], object] | None = None) -> tuple[AwardJob, bool]:
-    """The award to bind, with its strategy resolved once; and whether it decides at once."""
+def _decider(settings: Settings, announcement: Announcement, closing: Closing
+             ) -> tuple[Callable[[Sequence[Bid | Refusal], dict[str, int]], Award], bool]:
+    """The award on some answers and counts, with the strategy resolved once; and whether
+    that strategy decides at once."""
     strategy = strategy_of(settings, announcement)
 
     def decide(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
-        return decide_award(settings, announcement, strategy, given, counts,
-                            closed_by=closed_by, candidates=candidates)
+        return decide_award(settings, announcement, strategy, given, counts, closing)
 
-    job = AwardJob(settings, announcement, bidders, decide, answers, write, made_at, opening)
-    return job, decides_at_once(strategy)
+    return decide, decides_at_once(strategy)
 
 
 def _outcome(job: AwardJob, bound: Award | Unbound) -> Award | Again | None:
@@ -167,8 +173,7 @@ def _outcome(job: AwardJob, bound: Award | Unbound) -> Award | Again | None:
 
 
 def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrategy,
-                 answers: Sequence[Bid | Refusal], counts: dict[str, int], *,
-                 closed_by: str, candidates: int,
+                 answers: Sequence[Bid | Refusal], counts: dict[str, int], closing: Closing,
                  extra_load: Mapping[str, int] | None = None) -> Award:
     """The award of ``rfp`` on ``answers`` with the bidders' in-flight ``counts``: the
     strategy's pick among the eligible bids, or the no-bid outcome (a fallback node when the
@@ -176,7 +181,7 @@ def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrat
     write-behind journal's reservations), counted for a fallback's choice too."""
     bids, refusals = sorted_answers(answers)
     award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
-                   closed_by=closed_by, candidates=candidates)
+                   closed_by=closing.by, candidates=closing.candidates)
     if award.outcome == "failed" and rfp.no_bid == "fallback":
         pool = (fallback_pool(rfp, live_nodes(settings))
                 # never "none to fall back to" from a cached list: read it again first

@@ -190,7 +190,8 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
             why = _RESEND_AFTER.get(last or "") or (
                 f"not started {now - (awarded_at or now):.0f}s after its award; "
                 "sent again in case its message was lost")
-            return int(resend(settings, app, rfp, attempt, node, now, why, awarded_at or now))
+            return int(resend(settings, app, Winner(rfp, attempt, node), now, why,
+                              awarded_at or now))
         clock = _start_clock(settings, node, now)
         wait = limit - now  # the schedule-to-start timeout
         if clock is not None and clock + wait > now:
@@ -279,9 +280,18 @@ def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None
 RESEND_BACKOFF = 5.0
 
 
-def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, node: str,
-           now: float, why: str = "its send failed", awarded_at: float | None = None) -> bool:
-    """Send again to the same winner an execution that may not have reached ``node``: its
+@dataclass(frozen=True)
+class Winner:
+    """The node an attempt of a task was awarded to."""
+
+    announcement: Announcement
+    attempt: int
+    node: str
+
+
+def resend(settings: Settings, app: Celery, winner: Winner, now: float,
+           why: str = "its send failed", awarded_at: float | None = None) -> bool:
+    """Send again to the same ``winner`` an execution that may not have reached it: its
     send failed (``award.mark_undelivered``), or it was not started by its delivery check.
     The node did nothing wrong, so it keeps the task and no failure counts against it.
 
@@ -292,6 +302,7 @@ def resend(settings: Settings, app: Celery, rfp: Announcement, attempt: int, nod
     after the backoff. A sweeper that dies after sending and before logging leaves the task
     due when the lease runs out, and it is sent again; a node holding two copies runs one
     (``execution.begin``)."""
+    rfp, attempt, node = winner.announcement, winner.attempt, winner.node
     lease = now + RESEND_BACKOFF
     with write_session(settings.database_url) as session:
         taken = cast(CursorResult[Any], session.execute(_LEASE, {

@@ -129,7 +129,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     assert not replace_winner(settings, app, LostWinner(rfp, rfp.attempt, NODE,
                                                         lifecycle.ASSIGNED, "late", due_by=now),
                               {NODE}, now)
-    assert not sweeper.resend(settings, app, rfp, rfp.attempt, NODE, now)
+    assert not sweeper.resend(settings, app, sweeper.Winner(rfp, rfp.attempt, NODE), now)
     assert broker.sent == [(rfp.task_id, NODE)]
     assert row(settings, rfp.task_id).assigned_node == NODE
     assert episodes(settings, rfp.task_id) == []
@@ -222,8 +222,8 @@ def test_a_resend_that_outlasts_its_lease_leaves_the_task_to_the_sweeper_that_to
 
     monkeypatch.setattr(sweeper, "send_execution", slow_send)
     # when the first sweeper's send returns
-    assert sweeper.resend(settings, app, rfp, rfp.attempt, NODE, time.time(), "its send failed",
-                          rfp.announced_at)
+    assert sweeper.resend(settings, app, sweeper.Winner(rfp, rfp.attempt, NODE), time.time(),
+                          "its send failed", rfp.announced_at)
     # then it logs no RESENT (SEND_FAILED stays the last word) and leaves the other's lease
     assert journal.RESENT not in [m[0] for m in log(settings, rfp.task_id)]
     assert row(settings, rfp.task_id).due_at == takeover

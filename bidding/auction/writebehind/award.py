@@ -10,7 +10,7 @@ from dataclasses import replace
 import redis
 from celery import Celery
 
-from bidding.auction.award import PROXY_CLOSE, decide_award, strategy_of
+from bidding.auction.award import PROXY_CLOSE, Closing, decide_award, strategy_of
 from bidding.auction.history import lock_states
 from bidding.auction.proxy import answers_inside
 from bidding.auction.refused import reason_of
@@ -64,8 +64,8 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
                      for name, state in known.items()}
             answers = list(inside.make(session, known))
         counts = {name: state.in_flight for name, state in known.items()}
-        award = decide_award(settings, rfp, strategy, answers, counts, closed_by=PROXY_CLOSE,
-                             candidates=len(nodes), extra_load=held)
+        award = decide_award(settings, rfp, strategy, answers, counts,
+                             Closing(PROXY_CLOSE, len(nodes)), extra_load=held)
         expect = None
         if award.winner is not None and not last:
             # A fallback winner is no bidder: its reservations are read now.
