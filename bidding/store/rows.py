@@ -74,8 +74,15 @@ def commit_with(session: Session, table: Table, rows: Sequence[dict[str, Any]]) 
         # Raised as SQLAlchemy raises the driver's errors (an OperationalError for a lost
         # server, which ``store.outage`` waits out), and a lost connection leaves the pool.
         lost = conn.dialect.is_disconnect(exc, driver, None)  # type: ignore[arg-type]
-        if lost:
+        # A connection severed mid-pipeline can be left in pipeline mode ("cannot exit
+        # pipeline mode while busy"), which the pool's reset then fails on, loudly: it is
+        # no use to anyone, so it leaves the pool too.
+        stuck = (driver.broken  # type: ignore[union-attr]
+                 or driver.pgconn.pipeline_status  # type: ignore[union-attr]
+                 != psycopg.pq.PipelineStatus.OFF)
+        if lost or stuck:
             conn.invalidate(exc)
+            lost = True
         raise DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=conn.dialect,
                                   connection_invalidated=lost) from exc
     return True
