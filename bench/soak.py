@@ -162,7 +162,7 @@ def _soak(config: SoakConfig, folder: Path, broker: PrivateRedis,
 
 def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                  database_url: str) -> SoakResult:
-    from bench.chaos.app import app, expected, work
+    from bench.chaos.app import app, expected, failing_work, work
     from bidding.config import get_settings, reset_settings
     from bidding.nodes.federation import Federation
     from bidding.store import upgrade
@@ -202,7 +202,15 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
         with lock:  # one restart at a time: Federation's process table is not thread-safe
             return federation.restart(node, pause=pause)
 
-    chaos = Chaos(plan, restart, names, broker, database_url, POSTGRES, seed=config.seed)
+    def revive(node: str) -> bool:
+        with lock:
+            if federation.nodes[node].process.poll() is None:
+                return False
+            federation.restart(node, pause=0.0)
+            return True
+
+    chaos = Chaos(plan, restart, names, broker, database_url, POSTGRES, seed=config.seed,
+                  revive=revive)
     watcher = OutcomeWatcher(database_url)
     sampler = Sampler(database_url, lambda: {
         n: p.process.pid for n, p in federation.nodes.items() if p.process.poll() is None},
@@ -219,7 +227,7 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
         watcher.start()
         sampler.start()
         refusals: Counter[str] = Counter()
-        submitted, refused = _submit(config, work, refusals, watcher)
+        submitted, refused = _submit(config, (work, failing_work), refusals, watcher)
         chaos.stop()
         log(f"soak: submitted {len(submitted)} (refused {refused}); waiting for the outcomes")
         settle = time.time()
@@ -292,7 +300,7 @@ def _spread(count: int, window: float, first: float) -> list[float]:
     return [window * (first + k * step) for k in range(count)]
 
 
-def _submit(config: SoakConfig, work: Any, refusals: Counter[str],
+def _submit(config: SoakConfig, tasks: tuple[Any, Any], refusals: Counter[str],
             watcher: OutcomeWatcher) -> tuple[list[Submitted], int]:
     """Submit the tasks at the configured rate; a ``.delay()`` the broker refuses (it is
     down past Celery's publish retries) is counted, not retried: the caller saw the error."""
@@ -304,7 +312,8 @@ def _submit(config: SoakConfig, work: Any, refusals: Counter[str],
         time.sleep(max(0.0, start + i / config.rate - time.monotonic()))
         fails = config.fail_every > 0 and i % config.fail_every == config.fail_every - 1
         try:
-            result = work.apply_async((i, round(rng.uniform(config.body_min, config.body_max),
+            task = tasks[1] if fails else tasks[0]
+            result = task.apply_async((i, round(rng.uniform(config.body_min, config.body_max),
                                                 3), fails))
         except Exception as exc:
             refused += 1
@@ -393,7 +402,8 @@ def _protocol(protocol: CheckReport | None) -> str:
 def _fault_counts(faults: list[str]) -> str:
     counts = Counter(f.split()[0] for f in faults)
     names = {"kill": "SIGKILL + restart", "broker": "broker restart", "store": "store restart",
-             "sever": "severing of every store connection"}
+             "sever": "severing of every store connection",
+             "crash": "worker that exited on its own, started again"}
     return ", ".join(f"{n} {names.get(k, k)}" for k, n in counts.items()) or "none"
 
 

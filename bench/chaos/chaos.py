@@ -61,11 +61,17 @@ class Chaos:
     database_url: str
     admin_url: str
     seed: int = 0
+    #: Starts a worker again if it exited on its own, as systemd's ``Restart=always`` or
+    #: Kubernetes would (True when it did): a Celery worker can die of a broker restart
+    #: ("Unrecoverable error" in kombu's Redis transport), and a supervisor is part of every
+    #: production setup.
+    revive: Callable[[str], bool] | None = None
     faults: list[Fault] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _severer: threading.Thread | None = None
+    _supervisor: threading.Thread | None = None
 
     def start(self) -> None:
         """Start causing faults, on the plan's clock from now."""
@@ -74,11 +80,15 @@ class Chaos:
         if self.plan.sever_every > 0:
             self._severer = threading.Thread(target=self._sever, name="soak-sever", daemon=True)
             self._severer.start()
+        if self.revive is not None:
+            self._supervisor = threading.Thread(target=self._supervise, name="soak-supervisor",
+                                                daemon=True)
+            self._supervisor.start()
 
     def stop(self) -> None:
         """Stop before the next fault, and wait for the current one to end."""
         self._stop.set()
-        for thread in (self._thread, self._severer):
+        for thread in (self._thread, self._severer, self._supervisor):
             if thread is not None:
                 thread.join(timeout=120)
 
@@ -106,8 +116,20 @@ class Chaos:
             admin.dispose()
 
     def kills(self) -> list[tuple[str, float]]:
-        """(node, when) of every kill."""
-        return [(f.node, f.at) for f in self.faults if f.kind == "kill"]
+        """(node, when) of every kill, and of every worker that died on its own."""
+        return [(f.node, f.at) for f in self.faults if f.kind in ("kill", "crash")]
+
+    def _supervise(self) -> None:
+        """Start again, a second later, any worker that exited on its own."""
+        assert self.revive is not None
+        while not self._stop.wait(self.plan.pause):
+            for node in self.nodes:
+                try:
+                    if self.revive(node):
+                        self.faults.append(Fault("crash", time.time(), node))
+                        log(f"chaos: {node} exited on its own; started again")
+                except Exception as exc:
+                    self.errors.append(f"revive {node}: {type(exc).__name__}: {exc}")
 
     def _schedule(self) -> list[tuple[float, str]]:
         events = [(self.plan.kill_every * (k + 1), "kill") for k in range(self.plan.kills)]

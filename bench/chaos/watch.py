@@ -190,19 +190,25 @@ class Sampler:
         self.samples.append(Sample(time.time(), rss, rows))
 
     def memory_growth(self, warm_up: float) -> list[tuple[str, int, int, int, float]]:
-        """Per worker process that lived through the whole run after ``warm_up`` seconds:
-        (node, pid, KiB after warm-up, KiB at the end, growth in %)."""
+        """Per worker process that lived, after ``warm_up`` seconds, through at least half of
+        the rest of the run: (node, pid, KiB at its first sample then, KiB at its last, growth
+        in %). A worker killed and started again is a new process, warmed up anew."""
         if not self.samples:
             return []
         start = self.samples[0].at + warm_up
         after = [s for s in self.samples if s.at >= start]
         if len(after) < 2:
             return []
-        first, last = after[0], after[-1]
-        return [(node, pid, kb, last.rss[(node, pid)],
-                 100.0 * (last.rss[(node, pid)] - kb) / kb)
-                for (node, pid), kb in first.rss.items()
-                if kb > 0 and last.rss.get((node, pid), 0) > 0]
+        span = after[-1].at - after[0].at
+        seen: dict[tuple[str, int], list[tuple[float, int]]] = {}
+        for sample in after:
+            for key, kb in sample.rss.items():
+                if kb > 0:
+                    seen.setdefault(key, []).append((sample.at, kb))
+        return [(node, pid, points[0][1], points[-1][1],
+                 100.0 * (points[-1][1] - points[0][1]) / points[0][1])
+                for (node, pid), points in sorted(seen.items())
+                if len(points) >= 2 and points[-1][0] - points[0][0] >= span / 2]
 
     def most_rows(self) -> dict[str, int]:
         """Each counted table's largest row count over the run."""
