@@ -36,7 +36,7 @@ TARGETS = [
     ("bidding.task", "announce", "caller.announce (total)"),
     ("bidding.auction.announce", "live_nodes", "caller.live_nodes"),
     ("bidding.auction.announce", "select_candidates", "caller.select_candidates"),
-    ("bidding.auction.announce", "request_bids", "caller.request_bids (publish)"),
+    ("bidding.auction.routes", "request_bids", "caller.request_bids (publish)"),
     ("bidding.auction.consumer", "answer", "node.answer (bid request, total)"),
     ("bidding.auction.consumer", "place_bid", "node.place_bid (history read + bid)"),
     ("bidding.auction.consumer", "record_answer", "node.record_answer (post bid, total)"),

@@ -32,7 +32,7 @@ from celery.signals import task_internal_error, task_revoked, task_unknown
 from bidding import clock
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
-from bidding.auction.board import history_changed
+from bidding.auction.history import history_changed
 from bidding.auction.task_options import check_task_class
 from bidding.config import Settings, get_settings
 from bidding.errors import DeadlinePassedError

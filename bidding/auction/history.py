@@ -1,33 +1,40 @@
 """What the store knows about a node when it bids: its latest episodes of a task type, its
 recent failures, its in-flight work and its record; read for one node or several together, and
-cached while the node's history version on the bid board holds.
+cached while the node's history version (``nodes.history_version``) holds.
 
 ``place_bid`` is the node's built-in bidder: it reads this history and calls the pure
-``bid.compute_bid``.
+``bid.compute_bid``. ``history_changed`` and ``history_versions`` raise and read the versions
+in the bid board's Redis (there are none when the board is the store).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import cast
 
+from celery import Celery
 from sqlalchemy import Select, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
+from bidding.auction.board import get_board
 from bidding.config import Settings
 from bidding.lifecycle import states
 from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes import history_version
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.engine import core
 from bidding.store.schema import Announcement as AnnouncementRow
 from bidding.store.schema import Episode, Node
+
+logger = logging.getLogger(__name__)
 
 _IN_FLIGHT = (
     select(AnnouncementRow.assigned_node, func.count())
@@ -216,9 +223,10 @@ def cached_history(settings: Settings, node: str, task_type: str, now: float | N
     """``gather_history``, reused while ``version`` is unchanged, for at most
     ``bidding_history_cache_seconds``.
 
-    Four queries per bid were most of a bid's cost (bench/latency.py). ``version`` (from the
-    bid board) changes whenever the node finishes an attempt, so a finished attempt counts in
-    the very next bid; work awarded meanwhile is re-counted by the award under its lock.
+    Four queries per bid were most of a bid's cost (bench/latency.py). ``version`` (the
+    node's history version) changes whenever the node finishes an attempt, so a finished
+    attempt counts in the very next bid; work awarded meanwhile is re-counted by the award
+    under its lock.
     """
     return cached_histories(settings, [node], task_type, {node: version}, now)[node]
 
@@ -227,7 +235,7 @@ def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
                      versions: dict[str, int | None], now: float | None = None
                      ) -> dict[str, NodeHistory]:
     """``cached_history`` of several nodes: the ones not cached (or changed) are read together
-    (``gather_histories``); ``versions`` are their history versions on the bid board."""
+    (``gather_histories``); ``versions`` are their history versions."""
     ttl = settings.history_cache_seconds
     seen = time.monotonic()
     out: dict[str, NodeHistory] = {}
@@ -267,10 +275,29 @@ def forget_history() -> None:
 def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,
               version: int | None = None) -> Bid | Refusal:
     """Compute this node's answer to ``rfp`` from its profile and (cached) store history;
-    ``version`` is the node's history version on the bid board (see ``cached_history``)."""
+    ``version`` is the node's history version (see ``cached_history``)."""
     now = clock.now()
     if refusal_reason(rfp, profile, now) is None:
         history = cached_history(settings, profile.name, rfp.task_type, now, version)
     else:
         history = NodeHistory()
     return compute_bid(rfp, profile, history, now)
+
+
+def history_versions(settings: Settings, app: Celery, nodes: Sequence[str]
+                     ) -> dict[str, int | None]:
+    """The nodes' history versions, in one round trip to the bid board's Redis (None for
+    each when the board is the store)."""
+    shared = get_board(settings, app).redis
+    return history_version.read(shared.client if shared is not None else None, nodes)
+
+
+def history_changed(settings: Settings, app: Celery, node: str) -> None:
+    """``node`` finished an attempt: its next bid must read its record afresh. Called before
+    Celery stores the result, so a caller that waits on it and announces again is not bid on
+    with the record from before. Never raises (a cached history also expires by age)."""
+    try:
+        shared = get_board(settings, app).redis
+        history_version.bump(shared.client if shared is not None else None, node)
+    except Exception:
+        logger.warning("could not mark the history of %s changed", node, exc_info=True)

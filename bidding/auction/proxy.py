@@ -45,7 +45,7 @@ from bidding.auction.award import (
 )
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
-from bidding.auction.history import cached_histories, read_histories
+from bidding.auction.history import cached_histories, history_versions, read_histories
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
@@ -111,7 +111,7 @@ def post_proxy_answers(settings: Settings, app: Celery, rfp: Announcement,
     ``expected`` answers in all; posted before the other candidates are asked, so that an
     asked node's answer is the one that completes the auction."""
     board = get_board(settings, app)
-    versions = board.history_versions([n.name for n in nodes])
+    versions = history_versions(settings, app, [n.name for n in nodes])
     answers = proxy_answers(settings, rfp, nodes, versions=versions)
     return board.post_many(answers, expected=expected, window=rfp.window)
 
@@ -133,7 +133,7 @@ def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
     if opening is not None:
         raise ValueError(f"strategy {rfp.strategy} decides outside the award's transaction: "
                          "its announcement must be stored first")
-    versions = get_board(settings, app).history_versions([n.name for n in candidates])
+    versions = history_versions(settings, app, [n.name for n in candidates])
     answers = proxy_answers(settings, rfp, candidates, versions=versions)
     return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
                          candidates=len(candidates), write=True)

@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 
 from bidding import clock
-from bidding.auction.board import history_changed
+from bidding.auction.history import history_changed
 from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by

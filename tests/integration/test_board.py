@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import Celery
 
+from bidding.auction.bid_request import BidRequest
 from bidding.auction.board import RedisBoard
-from bidding.models import Bid, Refusal
+from bidding.auction.history import history_changed, history_versions
+from bidding.config import load_settings
+from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes import history_version
 from tests.conftest import REDIS_DB, REDIS_URL, require
 
 pytestmark = pytest.mark.integration
@@ -80,51 +85,98 @@ def test_attempts_of_a_task_have_separate_boards(board: RedisBoard) -> None:
     assert [a.node for a in board.close(task, 2)] == ["b"]
 
 
-def pop(board: RedisBoard, node: str) -> dict[str, int] | None:
-    raw = board.next_request(node, 0.1)
-    return None if raw is None else json.loads(raw)
+#: The Redis board's requests travel on Redis: the app's broker carries none of them.
+APP = Celery("board-test", set_as_current=False)
 
 
-def test_requests_reach_each_node_oldest_first_stamped_with_its_history_version(
+def request(node: str, n: int) -> BidRequest:
+    rfp = Announcement(task_id=f"t{n}", task_name="t.work", task_type="work")
+    return BidRequest(announcement=rfp, node=node, expires_at=time.time() + 60)
+
+
+def pop(board: RedisBoard, node: str) -> tuple[str, int | None] | None:
+    taken = board.next_request(node, 0.1)
+    return None if taken is None else (taken.announcement.task_id, taken.history_version)
+
+
+def test_requests_reach_each_node_oldest_first_with_its_history_version(
     board: RedisBoard,
 ) -> None:
     # given node a that has finished two attempts
-    board.bump_history("a")
-    board.bump_history("a")
+    history_version.bump(board.client, "a")
+    history_version.bump(board.client, "a")
     # when two requests are sent to node a and one to node b
-    board.request({"a": '{"n": 1}', "b": '{"n": 2}'}, ttl=0.5)
-    board.request({"a": '{"n": 3}'}, ttl=0.5)
+    board.send_requests(APP, [request("a", 1), request("b", 2)], ttl=0.5)
+    board.send_requests(APP, [request("a", 3)], ttl=0.5)
     # then each node gets its own, oldest first, with its history version, and nothing else
-    assert pop(board, "a") == {"n": 1, "history_version": 2}
-    assert pop(board, "a") == {"n": 3, "history_version": 2}
-    assert pop(board, "b") == {"n": 2, "history_version": 0}
+    assert pop(board, "a") == ("t1", 2)
+    assert pop(board, "a") == ("t3", 2)
+    assert pop(board, "b") == ("t2", 0)
     assert pop(board, "a") is None
+
+
+def test_a_request_carries_the_history_version_its_node_has_when_it_takes_it(
+    board: RedisBoard,
+) -> None:
+    # given a request waiting for node a
+    board.send_requests(APP, [request("a", 1)], ttl=5.0)
+    # when node a finishes an attempt before it takes the request
+    history_version.bump(board.client, "a")
+    # then the request carries the new version: a history cached before it is stale
+    assert pop(board, "a") == ("t1", 1)
 
 
 def test_requests_nobody_pops_expire(board: RedisBoard) -> None:
     # given a request for a node that is dead
-    board.request({"dead": '{"n": 4}'}, ttl=0.2)
+    board.send_requests(APP, [request("dead", 4)], ttl=0.2)
     # when its ttl passes, then it is gone (a dead node's list does not grow)
     time.sleep(0.4)
     assert board.next_request("dead", 0.05) is None
 
 
 def test_finishing_an_attempt_changes_the_nodes_history_version(board: RedisBoard) -> None:
-    # given a node's history version
-    before = board.history_version("a")
+    # given a node's history version, kept in the Redis of the bid board
+    settings = load_settings({"bidding_bid_board": URL}, environ={})
+    before = history_versions(settings, APP, ["a"])["a"]
     # when it finishes an attempt
-    board.bump_history("a")
+    history_changed(settings, APP, "a")
     # then the version moved (cached histories of it are stale), and other nodes' did not
-    assert board.history_version("a") != before
-    assert board.history_version("b") == 0
+    assert history_versions(settings, APP, ["a", "b"]) == {"a": (before or 0) + 1, "b": 0}
 
 
 def test_a_short_windows_request_does_not_expire_a_longer_ones(board: RedisBoard) -> None:
     # given a request with a long window waiting for node a
-    board.request({"a": '{"n": 1}'}, ttl=5.0)
+    board.send_requests(APP, [request("a", 1)], ttl=5.0)
     # when a request with a much shorter window is pushed behind it
-    board.request({"a": '{"n": 2}'}, ttl=0.2)
+    board.send_requests(APP, [request("a", 2)], ttl=0.2)
     time.sleep(0.4)
     # then both are still there for the node (the list's expiry only ever grows)
-    assert pop(board, "a") == {"n": 1, "history_version": 0}
-    assert pop(board, "a") == {"n": 2, "history_version": 0}
+    assert pop(board, "a") == ("t1", 0)
+    assert pop(board, "a") == ("t2", 0)
+
+
+def test_a_node_answers_its_requests_on_its_listeners_thread_and_drops_an_unreadable_one(
+    board: RedisBoard,
+) -> None:
+    # given a request nobody can read, then a good one, waiting for node a
+    board.client.lpush(board.requests_key("a"), b"not a request")
+    board.send_requests(APP, [request("a", 1)], ttl=5.0)
+    answered: list[tuple[str, str]] = []
+    handed_over: list[BidRequest] = []
+    # when node a takes its requests
+    intake = board.consume_requests(
+        "a", answer_here=lambda r: answered.append(
+            (r.announcement.task_id, threading.current_thread().name)),
+        hand_over=handed_over.append)
+    consumers = intake.start(None)
+    try:
+        deadline = time.monotonic() + 5
+        while not answered and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        intake.stop()
+    # then the good one was answered on the listener's own thread (no kombu consumer, no
+    # hand-over), and the unreadable one was dropped
+    assert consumers == [] and handed_over == []
+    assert answered == [("t1", "bid-requests-a")]
+    assert board.next_request("a", 0.05) is None

@@ -24,8 +24,11 @@ from kombu import Connection
 from sqlalchemy import select
 
 import bidding
+from bidding.auction.bid_request import BidRequest
 from bidding.auction.board import RedisBoard, get_board
-from bidding.auction.consumer import RequestListener, answer, request_queue
+from bidding.auction.board.redis_board import RequestListener
+from bidding.auction.board.store_board import request_queue
+from bidding.auction.consumer import answer
 from bidding.execution.dispatch import send_execution
 from bidding.models import Announcement as Spec
 from bidding.nodes.embedded import free_port
@@ -154,8 +157,8 @@ def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
     stop = threading.Event()
 
     def run() -> None:
-        def on_request(body: dict[str, Any], message: Any = None) -> None:
-            answer(cluster.settings, cluster.app, profile, body)
+        def on_request(request: BidRequest) -> None:
+            answer(cluster.settings, cluster.app, profile, request)
 
         board = get_board(cluster.settings, cluster.app)
         if isinstance(board, RedisBoard):
@@ -168,7 +171,8 @@ def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
                 listener.stop()
             return
         with Connection(cluster.app.conf.broker_url) as conn, conn.Consumer(
-                [request_queue(profile.name)], callbacks=[on_request], accept=["json"],
+                [request_queue(profile.name)],
+                on_message=lambda message: on_request(BidRequest.from_json(message.body)),
                 no_ack=True):
             beat = 0.0
             while not stop.is_set():

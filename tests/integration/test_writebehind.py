@@ -134,14 +134,14 @@ def test_a_caller_killed_after_its_award_still_gets_its_task_run(journaled: Clus
     # the execution to the winner (SIGKILL in place of route_award)
     script = textwrap.dedent("""
         import os, signal
-        import bidding.auction.announce as announce
+        import bidding.auction.routes as routes
         from tests.integration.app import shared
 
         def killed(app, settings, rfp, award):
             print(rfp.task_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
-        announce.route_award = killed
+        routes.route_award = killed
         # No start deadline: the delivery check (2 s) sends it again to the same winner.
         shared.apply_async((41,), bidding={"schedule_to_start_timeout": 0})
     """)

@@ -1,13 +1,19 @@
-"""Which bid board a configuration gets (no broker: nothing here connects)."""
+"""Which bid board a configuration gets (no broker: nothing here connects but the memory
+transport), and the store board's bid requests."""
 
 from __future__ import annotations
+
+import uuid
 
 import pytest
 from celery import Celery
 
+from bidding.auction.bid_request import BidRequest
 from bidding.auction.board import RedisBoard, StoreBoard, get_board, redis_url
+from bidding.auction.history import history_changed, history_versions
 from bidding.config import load_settings
 from bidding.errors import ConfigurationError
+from bidding.models import Announcement
 
 
 @pytest.mark.parametrize(("broker", "expected"), [
@@ -43,3 +49,52 @@ def test_the_board_can_be_forced_to_the_store_or_to_another_redis() -> None:
 def test_a_bad_board_setting_is_refused_naming_it() -> None:
     with pytest.raises(ConfigurationError, match="bidding_bid_board"):
         load_settings({"bidding_bid_board": "postgres://x"}, environ={})
+
+
+# --- the store board's requests: kombu messages on bids.<node> ----------------------------
+
+
+def rfp_for(task_id: str) -> Announcement:
+    return Announcement(task_id=task_id, task_name="demo.work", task_type="analysis")
+
+
+def test_the_store_board_sends_each_candidate_its_request_and_the_node_takes_its_own(
+    store_url: str,
+) -> None:
+    # given the store board of a federation whose broker is not Redis, and an auction that
+    # asks nodes a and b
+    app = app_with("memory://")
+    board = StoreBoard(store_url)
+    a, b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
+    rfp = rfp_for(str(uuid.uuid4()))
+    requests = [BidRequest(announcement=rfp, node=n, expires_at=rfp.announced_at + 60,
+                           expected=2) for n in (a, b)]
+    answered_here: list[BidRequest] = []
+    handed_over: list[BidRequest] = []
+    # when the requests are sent and node b takes its own, in Celery's event loop
+    board.send_requests(app, requests, ttl=rfp.window + 1.0)
+    intake = board.consume_requests(b, answer_here=answered_here.append,
+                                    hand_over=handed_over.append)
+    with app.connection_for_read() as conn:
+        for consumer in intake.start(conn.default_channel):
+            consumer.consume()
+        conn.drain_events(timeout=5)
+        with pytest.raises(TimeoutError):
+            conn.drain_events(timeout=0.2)
+    intake.stop()
+    # then b got its request as it was sent, handed over to a bid thread (the event loop
+    # must not wait for a bid), and nothing else
+    assert handed_over == [requests[1]] and answered_here == []
+
+
+def test_a_board_that_is_not_redis_keeps_no_history_versions(store_url: str) -> None:
+    # given the store board
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    app = app_with("memory://")
+    board = get_board(settings, app)
+    # when a node finishes an attempt
+    history_changed(settings, app, "a")
+    # then there is no Redis to keep versions in, and no node has one (every bid reads the
+    # node's history afresh)
+    assert board.redis is None
+    assert history_versions(settings, app, ["a", "b"]) == {"a": None, "b": None}

@@ -14,9 +14,10 @@ import pytest
 from celery import Celery
 
 from bidding.auction import consumer
+from bidding.auction.bid_request import BidRequest
 from bidding.auction.bidder import NodeBidder
 from bidding.auction.board import StoreBoard
-from bidding.auction.consumer import BidThreads, request_body
+from bidding.auction.consumer import BidThreads
 from bidding.config import Settings
 from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Bid, Refusal
@@ -53,21 +54,24 @@ def test_a_bid_request_arriving_at_a_full_queue_is_refused_at_once_saying_the_no
     busy, release = threading.Event(), threading.Event()
     answered: list[str] = []
 
-    def slow_answer(settings_: Any, app_: Any, profile: Any, body: dict[str, Any],
+    def slow_answer(settings_: Any, app_: Any, profile: Any, request: BidRequest,
                     **kwargs: Any) -> None:
         busy.set()
         assert release.wait(30)
-        answered.append(body["announcement"]["task_id"])
+        answered.append(request.announcement.task_id)
 
     monkeypatch.setattr(consumer, "answer", slow_answer)
     threads = BidThreads(small, app, PROFILE, None)
     first, second, third = (open_auction_row(small) for _ in range(3))
     try:
-        assert threads.submit(request_body(first, NODE, first.announced_at + 60))
+        assert threads.submit(BidRequest(announcement=first, node=NODE,
+                                         expires_at=first.announced_at + 60))
         assert busy.wait(10)
-        assert threads.submit(request_body(second, NODE, second.announced_at + 60))
+        assert threads.submit(BidRequest(announcement=second, node=NODE,
+                                         expires_at=second.announced_at + 60))
         # when a third request arrives
-        taken = threads.submit(request_body(third, NODE, third.announced_at + 60))
+        taken = threads.submit(BidRequest(announcement=third, node=NODE,
+                                          expires_at=third.announced_at + 60))
         # then it is not queued: the node refused it at once, saying why
         assert not taken
         [refusal] = StoreBoard(small.database_url).peek(third.task_id, 1)

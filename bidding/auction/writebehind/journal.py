@@ -15,7 +15,7 @@ import redis
 from celery import Celery
 from pydantic import ValidationError
 
-from bidding.auction.board import RedisBoard, get_board, parse_answer
+from bidding.auction.board import RedisConnections, get_board, parse_answer
 from bidding.auction.refused import REASON_CHARS, reason_of
 from bidding.config import Settings
 from bidding.models import Announcement, Award, Bid, Refusal, describe_validation
@@ -179,11 +179,11 @@ class Journal:
     (by task id), the stream that orders them for the writers, and each node's reservations.
     The keys share a hash tag, so a Lua call may touch them all on a Redis Cluster too."""
 
-    def __init__(self, board: RedisBoard, database_url: str) -> None:
+    def __init__(self, shared: RedisConnections, database_url: str) -> None:
         tag = hashlib.sha1(database_url.encode()).hexdigest()[:16]
         prefix = f"bidding:journal:{{{tag}}}"
-        self.client = board.client
-        self.blocking = board.blocking
+        self.client = shared.client
+        self.blocking = shared.blocking
         self.stream = f"{prefix}:stream"
         self.pending = f"{prefix}:pending"
         self.reserved_prefix = f"{prefix}:reserved:"
@@ -344,10 +344,10 @@ def get_journal(settings: Settings, app: Celery) -> Journal | None:
     found = _journals.get(key)
     if found is not None:
         return found
-    board = get_board(settings, app)
-    if not isinstance(board, RedisBoard):
+    shared = get_board(settings, app).redis
+    if shared is None:
         logger.warning("bidding_award_journal needs the Redis bid board; awards are written "
                        "to the store in their own transaction")
         return None
-    journal = _journals[key] = Journal(board, settings.database_url)
+    journal = _journals[key] = Journal(shared, settings.database_url)
     return journal
