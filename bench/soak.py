@@ -257,7 +257,8 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                               for f in chaos.faults],
                       chaos_errors=chaos.errors, seconds=time.time() - started,
                       settle_seconds=settle_seconds, journaled=journaled,
-                      memory=sampler.memory_growth(_warm_up(config)),
+                      memory=(sampler.memory_growth(_warm_up(config)) if config.minutes > 0
+                              else []),
                       most_rows=sampler.most_rows(), prunes=prunes)
 
 

@@ -23,6 +23,7 @@ from bidding.auction.writebehind.plugin import JournalPlugin
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
+from bidding.execution.final_results import keep_final_results_final
 from bidding.execution.result_wait import close_the_resubscribe_gap
 from bidding.graphs.plugin import GraphPlugin
 from bidding.lifecycle.plugins import use
@@ -66,6 +67,8 @@ def install(app: Celery) -> Celery:
     # A caller waiting on a Redis result backend must not miss a result stored while its
     # pub/sub connection comes back (execution/result_wait.py).
     close_the_resubscribe_gap()
+    # Nor may a late RETRY replace a task's final result (execution/final_results.py).
+    keep_final_results_final()
     if app.configured:
         _retry_result_writes(app)
     else:

@@ -71,3 +71,22 @@ def test_a_result_stored_while_the_caller_resubscribes_still_reaches_it(app: Cel
     # then the caller gets the result, instead of waiting until its timeout
     assert landed
     assert value == {"square": 49}
+
+
+@pytest.mark.parametrize("late", [states.RETRY, states.STARTED, "PROGRESS"])
+def test_a_late_interim_state_never_replaces_a_tasks_final_result(app: Celery, late: str) -> None:
+    # given a task whose last attempt failed, its failure stored for the caller
+    task_id = str(uuid.uuid4())
+    backend: Any = app.backend
+    backend.store_result(task_id, ValueError("task 39 fails on purpose"), states.FAILURE)
+    # when an earlier attempt's RETRY (or a start, or a progress report) lands only now (its
+    # write was held up by a broker restart: the soak found a caller waiting for ever so)
+    if late == states.RETRY:
+        backend.mark_as_retry(task_id, ValueError("task 39 fails on purpose"))
+    else:
+        backend.store_result(task_id, {"note": "late"}, late)
+    # then the caller still gets the final result
+    result = AsyncResult(task_id, app=app)
+    assert result.state == states.FAILURE
+    with pytest.raises(ValueError, match="fails on purpose"):
+        result.get(timeout=5)
