@@ -56,7 +56,7 @@ def auction_noop(value: Any = None) -> Any:
     return value
 
 
-def keep_draft(rfp: bidding.Announcement, draft: bidding.Bid) -> None:
+def keep_draft(announcement: bidding.Announcement, draft: bidding.Bid) -> None:
     """The bidder of the "mixed" mode's asked node: it keeps the built-in draft, so that what
     is measured is the cost of asking a node, not of a bidder's own work."""
     return None

@@ -49,7 +49,7 @@ from bidding.lifecycle import journal  # noqa: E402
 from bidding.lifecycle import states as lifecycle  # noqa: E402
 from bidding.models import Announcement  # noqa: E402
 from bidding.store import dispose_all, get_engine, upgrade, write_session  # noqa: E402
-from bidding.store.schema import Announcement as AnnouncementRow  # noqa: E402
+from bidding.store.schema import AnnouncementRow  # noqa: E402
 
 NODE = "node-a"
 PRICE = 0.5
@@ -58,7 +58,7 @@ T = TypeVar("T")
 HEADER = ("call    ", "wall p50 ms", "p99 ms ", "CPU p50", "CPU avg", "statements")
 
 
-def announcement(i: int, budget: float | None) -> Announcement:
+def make_announcement(i: int, budget: float | None) -> Announcement:
     """A typical announcement, as ``build_announcement`` makes it."""
     return Announcement(
         task_id=str(uuid.uuid4()), task_name="bench.app.noop", task_type="noop",
@@ -72,28 +72,64 @@ def seed(url: str, tasks: int, budget: float | None) -> list[str]:
     ids: list[str] = []
     with write_session(url) as session:
         for i in range(tasks):
-            rfp = announcement(i, budget)
+            announcement = make_announcement(i, budget)
             now = time.time()
             # bidding.auction.opening.row_values, then the award's transition to ASSIGNED.
-            session.add(AnnouncementRow(
-                task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
-                content=rfp.content, required_skills=rfp.required_skills,
-                preferred_node=rfp.preferred_node, priority=rfp.priority,
-                deadline=rfp.deadline, budget=rfp.budget, strategy=rfp.strategy,
-                spec=rfp.model_dump(mode="json"), state=lifecycle.ASSIGNED,
-                attempt=rfp.attempt, candidates=[NODE], expected_bids=1, bids_received=1,
-                announced_at=rfp.announced_at, closes_at=rfp.announced_at + rfp.window,
-                due_at=None, assigned_node=NODE, awarded_at=now, winning_score=0.8,
-                outcome="awarded", closed_by="all bids in",
-            ))
-            journal.record(session, rfp.task_id, journal.ANNOUNCED, attempt=1,
-                           at=rfp.announced_at, task_type=rfp.task_type, candidates=[NODE],
-                           required_skills=rfp.required_skills)
-            journal.record(session, rfp.task_id, journal.BID, node=NODE, attempt=1, at=now)
-            journal.record(session, rfp.task_id, journal.AWARDED, node=NODE, attempt=1, at=now,
-                           outcome="awarded", strategy="weighted", score=0.8,
-                           closed_by="all bids in", latency_ms=1.0)
-            ids.append(rfp.task_id)
+            session.add(
+                AnnouncementRow(
+                    task_id=announcement.task_id,
+                    task_name=announcement.task_name,
+                    task_type=announcement.task_type,
+                    content=announcement.content,
+                    required_skills=announcement.required_skills,
+                    preferred_node=announcement.preferred_node,
+                    priority=announcement.priority,
+                    deadline=announcement.deadline,
+                    budget=announcement.budget,
+                    strategy=announcement.strategy,
+                    spec=announcement.model_dump(mode="json"),
+                    state=lifecycle.ASSIGNED,
+                    attempt=announcement.attempt,
+                    candidates=[NODE],
+                    expected_bids=1,
+                    bids_received=1,
+                    announced_at=announcement.announced_at,
+                    closes_at=announcement.announced_at + announcement.window,
+                    due_at=None,
+                    assigned_node=NODE,
+                    awarded_at=now,
+                    winning_score=0.8,
+                    outcome="awarded",
+                    closed_by="all bids in",
+                )
+            )
+            journal.record(
+                session,
+                announcement.task_id,
+                journal.ANNOUNCED,
+                attempt=1,
+                at=announcement.announced_at,
+                task_type=announcement.task_type,
+                candidates=[NODE],
+                required_skills=announcement.required_skills,
+            )
+            journal.record(
+                session, announcement.task_id, journal.BID, node=NODE, attempt=1, at=now
+            )
+            journal.record(
+                session,
+                announcement.task_id,
+                journal.AWARDED,
+                node=NODE,
+                attempt=1,
+                at=now,
+                outcome="awarded",
+                strategy="weighted",
+                score=0.8,
+                closed_by="all bids in",
+                latency_ms=1.0,
+            )
+            ids.append(announcement.task_id)
     return ids
 
 
@@ -120,10 +156,16 @@ class Meter:
         """The report's row of this kind of call (milliseconds)."""
         p99 = percentile(self.wall, 99) or 0.0
         cpu = self.cpu
-        return row([f"{name:<8}", f"{statistics.median(self.wall) * 1e3:11.3f}",
-                    f"{p99 * 1e3:7.3f}", f"{statistics.median(cpu) * 1e3:7.3f}",
-                    f"{statistics.mean(cpu) * 1e3:7.3f}",
-                    f"{statistics.mean(self.statements):10.2f}"])
+        return row(
+            [
+                f"{name:<8}",
+                f"{statistics.median(self.wall) * 1e3:11.3f}",
+                f"{p99 * 1e3:7.3f}",
+                f"{statistics.median(cpu) * 1e3:7.3f}",
+                f"{statistics.mean(cpu) * 1e3:7.3f}",
+                f"{statistics.mean(self.statements):10.2f}",
+            ]
+        )
 
 
 def run(url: str, tasks: int, budget: float | None, profile: str | None) -> None:
@@ -148,14 +190,17 @@ def run(url: str, tasks: int, budget: float | None, profile: str | None) -> None
     for task_id in ids:
         started = began.time(counter, partial(execution.begin, settings, task_id, 1, NODE, PRICE))
         assert started.start is execution.Start.FIRST, started.start
-        verdict = completed.time(counter, partial(execution.complete, settings, started, {"ok": 1}))
+        verdict = completed.time(
+            counter, partial(execution.complete, settings, started, {"ok": 1})
+        )
         assert verdict.error is None and verdict.retry_in is None, verdict
     if profile:
         profiler.disable()
         profiler.dump_stats(profile)
     with write_session(url) as session:
-        states = session.execute(text(
-            "SELECT state, count(*) FROM bidding_announcements GROUP BY state")).all()
+        states = session.execute(
+            text("SELECT state, count(*) FROM bidding_announcements GROUP BY state")
+        ).all()
     assert dict((s, int(n)) for s, n in states) == {lifecycle.SUCCESS: tasks + len(warm)}, states
     backend = make_url(url).get_backend_name()
     print(f"\n{backend}: {tasks} tasks, budget={budget}\n")
@@ -170,8 +215,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--tasks", type=int, default=500)
     parser.add_argument("--db", help="a PostgreSQL server URL (a new database is created there)")
-    parser.add_argument("--budget", type=float, default=None,
-                        help="give every task this budget (exercises the ledger sum)")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="give every task this budget (exercises the ledger sum)",
+    )
     parser.add_argument("--profile", help="write a cProfile of the timed loop to this file")
     args = parser.parse_args(argv)
     try:

@@ -92,7 +92,7 @@ def run(args: argparse.Namespace, url: str) -> None:
     from bidding.nodes.heartbeat import beat
     from bidding.nodes.profile import NodeProfile
     from bidding.store import ensure_schema, read_session
-    from bidding.store.schema import Announcement
+    from bidding.store.schema import AnnouncementRow
 
     redis.Redis.from_url(args.broker).flushdb()
     app = make_app(url, args.broker)
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace, url: str) -> None:
             start = time.perf_counter()
             task_id = noop.delay().id
             returned = time.perf_counter()
-            q = select(Announcement.task_id).where(Announcement.task_id == task_id)
+            q = select(AnnouncementRow.task_id).where(AnnouncementRow.task_id == task_id)
             while True:
                 with read_session(url) as session:
                     if session.execute(q).first() is not None:

@@ -333,13 +333,13 @@ def _read_store(database_url: str, task_ids: list[str]
     from sqlalchemy import select
 
     from bidding.store import read_session
-    from bidding.store.schema import Announcement, Message
+    from bidding.store.schema import AnnouncementRow, Message
 
     journal: Counter[str] = Counter()
     accepted = set(task_ids)
     unfinished: list[tuple[str, str]] = []
     with read_session(database_url) as session:
-        for row in session.execute(select(Announcement.task_id, Announcement.state)):
+        for row in session.execute(select(AnnouncementRow.task_id, AnnouncementRow.state)):
             if row.task_id not in accepted and row.state not in ("SUCCESS", "FAILED",
                                                                  "ESCALATED"):
                 unfinished.append((row.task_id, row.state))

@@ -128,9 +128,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             merged["retry_policy"] = self.retry_policy
         # Its timestamps are the store's time (bidding.clock): read it first in a new process.
         keep_clock(settings.database_url)
-        rfp = build_announcement(self, settings, args, kwargs, merged, task_id)
-        rfp.canvas = canvas_of(self.app, link, link_error, options)
-        return announce(self.app, settings, rfp, delay=delay, fresh_id=task_id is None)
+        announcement = build_announcement(self, settings, args, kwargs, merged, task_id)
+        announcement.canvas = canvas_of(self.app, link, link_error, options)
+        return announce(self.app, settings, announcement, delay=delay, fresh_id=task_id is None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node: begin its attempt, run the body, record the outcome."""
@@ -254,7 +254,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         """Report progress from the body (AITP 5.3): a PROGRESS_UPDATE message, the task's
         progress in ``bidding status``, and Celery state PROGRESS for Flower."""
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
-        if run is None or run.rfp is None:
+        if run is None or run.announcement is None:
             return
         info = execution.report_progress(get_settings(self.app), run, current, total, note)
         # The result backend's state (AsyncResult.state / .info) and, for Flower, which builds
@@ -282,7 +282,7 @@ def _delay(options: Mapping[str, Any]) -> float:
 
 def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
     """The error of an attempt that reached its node after the task's deadline, else None."""
-    deadline = run.rfp.deadline if run.rfp is not None else None
+    deadline = run.announcement.deadline if run.announcement is not None else None
     now = clock.now()
     if deadline is None or now < deadline:
         return None
@@ -345,10 +345,10 @@ def _not_registered_on_a_node(sender: Any = None, message: Any = None, name: str
     settings = get_settings(app)
     error = NotRegistered(name)  # what Celery stored: the caller sees one error, not two
     try:
-        rfp = execution.unrunnable(settings, id, int(attempt), str(node), reason, error)
-        if rfp is not None:
+        announcement = execution.unrunnable(settings, id, int(attempt), str(node), reason, error)
+        if announcement is not None:
             logger.error("task %s: %s", id, reason)
-            fail_caller(app, settings, rfp, error)
+            fail_caller(app, settings, announcement, error)
             history_changed(settings, app, str(node))
     except Exception:  # never break the worker's consumer; the watchdogs remain
         logger.exception("recording that %s cannot run on %s failed", id, node)

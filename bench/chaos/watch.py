@@ -38,14 +38,14 @@ def store_outcomes(database_url: str, task_ids: list[str]) -> dict[str, Outcome]
     from sqlalchemy import select
 
     from bidding.store import read_session
-    from bidding.store.schema import Announcement
+    from bidding.store.schema import AnnouncementRow
 
     found: dict[str, Outcome] = {}
     with read_session(database_url) as session:
         for row in session.execute(
-                select(Announcement.task_id, Announcement.state, Announcement.result,
-                       Announcement.error)
-                .where(Announcement.task_id.in_(task_ids), Announcement.state.in_(FINAL))):
+                select(AnnouncementRow.task_id, AnnouncementRow.state, AnnouncementRow.result,
+                       AnnouncementRow.error)
+                .where(AnnouncementRow.task_id.in_(task_ids), AnnouncementRow.state.in_(FINAL))):
             found[row.task_id] = (Outcome("SUCCESS", value=(row.result or {}).get("value"))
                                   if row.state == "SUCCESS"
                                   else Outcome(row.state, error=row.error or ""))

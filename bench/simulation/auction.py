@@ -48,33 +48,57 @@ class Auction:
 
     def __call__(self, sim: Sim, task: Task, now: float) -> str | None:
         assert self.strategy is not None
-        rfp = Announcement(task_id=f"t{task.idx}", task_name="sim.work", task_type=task.task_type,
-                           content=task.content, required_skills=list(task.skills),
-                           strategy=strategy_name(self.strategy), announced_at=now,
-                           **({} if self.cap is None else {"candidate_cap": self.cap}))
+        announcement = Announcement(
+            task_id=f"t{task.idx}",
+            task_name="sim.work",
+            task_type=task.task_type,
+            content=task.content,
+            required_skills=list(task.skills),
+            strategy=strategy_name(self.strategy),
+            announced_at=now,
+            **({} if self.cap is None else {"candidate_cap": self.cap}),
+        )
         # The registry lists live nodes ordered by name.
-        live = sorted((_live(sim.specs[n].profile, now, sim.attempts[n], sim.successes[n])
-                       for n in sim.present),
-                      key=lambda n: n.name)
-        candidates = select_candidates(rfp, live, sim.rng)
+        live = sorted(
+            (
+                _live(sim.specs[n].profile, now, sim.attempts[n], sim.successes[n])
+                for n in sim.present
+            ),
+            key=lambda n: n.name,
+        )
+        candidates = select_candidates(announcement, live, sim.rng)
         bids: list[Bid] = []
         refusals: list[Refusal] = []
         for name in candidates:
-            answer = self.bid_fn(rfp, sim.specs[name].profile,
-                                 sim.history(name, task.task_type, now), now)
+            answer = self.bid_fn(
+                announcement, sim.specs[name].profile, sim.history(name, task.task_type, now), now
+            )
             if isinstance(answer, Bid):
                 bids.append(answer)
             else:
                 refusals.append(answer)
         bids = refresh_loads(bids, {b.node: sim.in_flight(b.node) for b in bids})
-        award = decide(rfp, bids, refusals, self.strategy, closed_by="all bids in",
-                       candidates=len(candidates))
+        award = decide(
+            announcement,
+            bids,
+            refusals,
+            self.strategy,
+            closed_by="all bids in",
+            candidates=len(candidates),
+        )
         return award.winner
 
 
 def _live(profile: NodeProfile, now: float, attempts: int, successes: int) -> LiveNode:
     """The node as ``registry.query_live_nodes`` lists it, record included."""
-    return LiveNode(name=profile.name, capabilities=tuple(profile.capabilities),
-                    capacity=profile.capacity, price_per_unit=profile.price_per_unit,
-                    latency_ms=profile.latency_ms, trust=profile.trust, last_heartbeat=now,
-                    attempts=attempts, successes=successes)
+    return LiveNode(
+        name=profile.name,
+        capabilities=tuple(profile.capabilities),
+        capacity=profile.capacity,
+        price_per_unit=profile.price_per_unit,
+        latency_ms=profile.latency_ms,
+        trust=profile.trust,
+        last_heartbeat=now,
+        attempts=attempts,
+        successes=successes,
+    )

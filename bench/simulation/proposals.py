@@ -56,19 +56,19 @@ def estimated_success(outcomes: Sequence[bool], prior_episodes: float | None = N
     return (sum(outcomes) + a) / (len(outcomes) + a)
 
 
-def bid_learned_confidence(rfp: Announcement, profile: NodeProfile, history: NodeHistory,
+def bid_learned_confidence(announcement: Announcement, profile: NodeProfile, history: NodeHistory,
                            now: float) -> Bid | Refusal:
     """P1: the production bid, with confidence = estimated_success(outcomes)."""
-    bid = compute_bid(rfp, profile, history, now)
+    bid = compute_bid(announcement, profile, history, now)
     if isinstance(bid, Refusal):
         return bid
     return bid.model_copy(update={"confidence": estimated_success(history.outcomes)})
 
 
-def bid_smoothed_experience(rfp: Announcement, profile: NodeProfile, history: NodeHistory,
+def bid_smoothed_experience(announcement: Announcement, profile: NodeProfile, history: NodeHistory,
                             now: float) -> Bid | Refusal:
     """P3: the production bid, with experience = estimated_success(outcomes)."""
-    bid = compute_bid(rfp, profile, history, now)
+    bid = compute_bid(announcement, profile, history, now)
     if isinstance(bid, Refusal):
         return bid
     return bid.model_copy(update={"experience": estimated_success(history.outcomes)})
@@ -81,10 +81,10 @@ class WeightedSlotShare(WeightedScore):
     name: ClassVar[str] = "weighted_slot_share"
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """The production score, its total times ``slot_share`` when the bidder is full."""
-        base = super().score(bid, rfp, capabilities)
+        base = super().score(bid, announcement, capabilities)
         share = slot_share(bid.in_flight, bid.capacity)
         if share >= 1.0:
             return base

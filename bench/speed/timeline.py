@@ -20,7 +20,7 @@ def _store_rows(database_url: str, ids: list[str]) -> tuple[
     from sqlalchemy import func, select
 
     from bidding.store import read_session
-    from bidding.store.schema import Announcement, BidRow, Message
+    from bidding.store.schema import AnnouncementRow, BidRow, Message
 
     rows: dict[str, tuple[float, float | None, str | None, str | None, int]] = {}
     bids: dict[str, tuple[float, float, int]] = {}
@@ -28,8 +28,8 @@ def _store_rows(database_url: str, ids: list[str]) -> tuple[
     with read_session(database_url) as session:
         for chunk in range(0, len(ids), CHUNK):
             part = ids[chunk:chunk + CHUNK]
-            for a in session.scalars(select(Announcement)
-                                     .where(Announcement.task_id.in_(part))):
+            for a in session.scalars(select(AnnouncementRow)
+                                     .where(AnnouncementRow.task_id.in_(part))):
                 rows[a.task_id] = (a.announced_at, a.awarded_at, a.closed_by,
                                    a.assigned_node, len(a.candidates or []))
             for tid, lo, hi, n in session.execute(

@@ -30,7 +30,7 @@ from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.outage import outlasting
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from bidding.strategies.protocol import decides_at_once
 
 logger = logging.getLogger(__name__)
@@ -43,32 +43,53 @@ _NOT_OPENED = frozenset({Route.WAIT, Route.DEFER})
 def announce(
     app: Celery,
     settings: Settings,
-    rfp: Announcement,
+    announcement: Announcement,
     *,
     delay: float = 0.0,
     fresh_id: bool = False,
 ) -> AsyncResult:
-    """Record ``rfp``, ask the candidates to bid (now, or after ``delay`` seconds), and return
+    """Record ``announcement``, ask the candidates to bid (now, or after ``delay`` seconds), and
+    return
     the AsyncResult of its execution. ``fresh_id``: the task id was generated for this call
     (not given by the caller), so no other auction can have it."""
     if settings.auto_migrate:
         ensure_schema(settings.database_url)
     if delay > 0:
+
         def schedule() -> bool:
             with write_session(settings.database_url) as session:
-                session.add(new_row(rfp, states.PENDING, [], due_at=rfp.announced_at + delay))
-                journal.record(session, rfp.task_id, journal.SCHEDULED, attempt=rfp.attempt,
-                               at=rfp.announced_at, task_type=rfp.task_type, delay_s=delay)
+                session.add(
+                    new_row(
+                        announcement, states.PENDING, [], due_at=announcement.announced_at + delay
+                    )
+                )
+                journal.record(
+                    session,
+                    announcement.task_id,
+                    journal.SCHEDULED,
+                    attempt=announcement.attempt,
+                    at=announcement.announced_at,
+                    task_type=announcement.task_type,
+                    delay_s=delay,
+                )
             return True
 
-        write_new(settings, rfp, f"scheduling {rfp.task_id}", schedule, written=True)
+        write_new(
+            settings, announcement, f"scheduling {announcement.task_id}", schedule, written=True
+        )
     else:
-        open_auction(app, settings, rfp, new=True, fresh_id=fresh_id)
-    return AsyncResult(rfp.task_id, app=app)
+        open_auction(app, settings, announcement, new=True, fresh_id=fresh_id)
+    return AsyncResult(announcement.task_id, app=app)
 
 
-def open_auction(app: Celery, settings: Settings, announcement: Announcement, *, new: bool,
-                 fresh_id: bool = False) -> bool:
+def open_auction(
+    app: Celery,
+    settings: Settings,
+    announcement: Announcement,
+    *,
+    new: bool,
+    fresh_id: bool = False,
+) -> bool:
     """Start the auction of ``announcement`` (a new task, or a due retry, deferral or
     scheduled start): filter the live nodes to its candidates, plan its route once and run
     it. False when a due task was already taken by another sweeper."""
@@ -76,15 +97,31 @@ def open_auction(app: Celery, settings: Settings, announcement: Announcement, *,
     # A caller's .delay() outlasts a dropped store connection here too; a sweeper's due task
     # is simply taken again by the next sweep.
     live, candidates, waiting = (
-        outlasting(settings.database_url, f"finding the candidates of {announcement.task_id}",
-                   lambda: _look(settings, announcement, in_time), patience=CALLER_PATIENCE)
-        if new else _look(settings, announcement, in_time))
-    plan = plan_auction(announcement, live, candidates, waiting, Circumstances(
-        new=new, fresh_id=fresh_id, bid_mode=announcement.bid_mode or settings.bid_mode,
-        decides_at_once=decides_at_once(strategy_of(settings, announcement)),
-        journal=settings.award_journal,
-        board_keeps_answers=get_board(settings, app).writes_on_award,
-        request_limit=settings.bid_request_limit, in_time=in_time))
+        outlasting(
+            settings.database_url,
+            f"finding the candidates of {announcement.task_id}",
+            lambda: _look(settings, announcement, in_time),
+            patience=CALLER_PATIENCE,
+        )
+        if new
+        else _look(settings, announcement, in_time)
+    )
+    plan = plan_auction(
+        announcement,
+        live,
+        candidates,
+        waiting,
+        Circumstances(
+            new=new,
+            fresh_id=fresh_id,
+            bid_mode=announcement.bid_mode or settings.bid_mode,
+            decides_at_once=decides_at_once(strategy_of(settings, announcement)),
+            journal=settings.award_journal,
+            board_keeps_answers=get_board(settings, app).writes_on_award,
+            request_limit=settings.bid_request_limit,
+            in_time=in_time,
+        ),
+    )
     auction = Auction(app, settings, announcement, new, live)
     if plan.route in _NOT_OPENED:
         return run_plan(auction, plan)
@@ -98,9 +135,10 @@ def open_auction(app: Celery, settings: Settings, announcement: Announcement, *,
         raise
 
 
-def _look(settings: Settings, rfp: Announcement, in_time: bool
-          ) -> tuple[list[LiveNode], list[str], list[str]]:
-    """The live nodes, ``rfp``'s candidates among them (the filter), and (with none) the
+def _look(
+    settings: Settings, announcement: Announcement, in_time: bool
+) -> tuple[list[LiveNode], list[str], list[str]]:
+    """The live nodes, ``announcement``'s candidates among them (the filter), and (with none) the
     capable nodes it should wait for.
 
     "No candidate" is never concluded from the cached list (it may predate nodes coming back
@@ -110,27 +148,37 @@ def _look(settings: Settings, rfp: Announcement, in_time: bool
     them rather than failing or deferring (``registry.coming_back``).
     """
     live = live_nodes(settings)
-    candidates = select_candidates(rfp, live)
+    candidates = select_candidates(announcement, live)
     if not candidates:
         live = live_nodes(settings, fresh=True)
-        candidates = select_candidates(rfp, live)
-    waiting = (coming_back(settings, rfp.required_skills) if not candidates and in_time
-               else [])
+        candidates = select_candidates(announcement, live)
+    waiting = (
+        coming_back(settings, announcement.required_skills) if not candidates and in_time else []
+    )
     return live, candidates, waiting
 
 
 _DUE = (
-    select(AnnouncementRow.spec, AnnouncementRow.task_id, AnnouncementRow.state,
-           AnnouncementRow.attempt, AnnouncementRow.scan_failures)
-    .where(AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
-           AnnouncementRow.due_at <= bindparam("now"), parking.UNPARKED)
+    select(
+        AnnouncementRow.spec,
+        AnnouncementRow.task_id,
+        AnnouncementRow.state,
+        AnnouncementRow.attempt,
+        AnnouncementRow.scan_failures,
+    )
+    .where(
+        AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
+        AnnouncementRow.due_at <= bindparam("now"),
+        parking.UNPARKED,
+    )
     .order_by(AnnouncementRow.due_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 
 
-def announce_due(settings: Settings, app: Celery, now: float | None = None,
-                 limit: int = 100) -> int:
+def announce_due(
+    settings: Settings, app: Celery, now: float | None = None, limit: int = 100
+) -> int:
     """Announce every task whose scheduled start, retry backoff or deferral has come.
 
     One task at a time: one that fails (an announcement this version cannot read) must not
@@ -144,10 +192,12 @@ def announce_due(settings: Settings, app: Celery, now: float | None = None,
     for spec, *read in due:
         seen = parking.Seen(*read)
         try:
-            rfp = Announcement.model_validate(spec).model_copy(update={"announced_at": now})
-            if rfp.deadline is not None and now > rfp.deadline:
-                _expire(settings, app, rfp)
-            elif open_auction(app, settings, rfp, new=False):
+            announcement = Announcement.model_validate(spec).model_copy(
+                update={"announced_at": now}
+            )
+            if announcement.deadline is not None and now > announcement.deadline:
+                _expire(settings, app, announcement)
+            elif open_auction(app, settings, announcement, new=False):
                 opened += 1
         except Exception as exc:
             tally.failure(seen, exc)
@@ -159,13 +209,19 @@ def announce_due(settings: Settings, app: Celery, now: float | None = None,
     return opened
 
 
-def _expire(settings: Settings, app: Celery, rfp: Announcement) -> None:
+def _expire(settings: Settings, app: Celery, announcement: Announcement) -> None:
     """A waiting task whose deadline passed is never started: FAILED."""
     reason = "deadline passed before the task could start"
     with write_session(settings.database_url) as session:
-        moved = transition(session, rfp.task_id, states.FAILED,
-                           Log(journal.TASK_FAILED, detail={"error": reason}),
-                           Expect(states=states.DUE_STATES, attempt=rfp.attempt), error=reason,
-                           finished_at=clock.now(), due_at=None)
+        moved = transition(
+            session,
+            announcement.task_id,
+            states.FAILED,
+            Log(journal.TASK_FAILED, detail={"error": reason}),
+            Expect(states=states.DUE_STATES, attempt=announcement.attempt),
+            error=reason,
+            finished_at=clock.now(),
+            due_at=None,
+        )
     if moved:
-        fail_caller(app, settings, rfp, NoBidsError(reason))
+        fail_caller(app, settings, announcement, NoBidsError(reason))

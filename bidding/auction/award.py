@@ -47,7 +47,7 @@ from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import live_nodes
 from bidding.store import read_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from bidding.strategies.protocol import NodeCapability, SelectionStrategy, decides_at_once
 from bidding.strategies.resolver import resolve_strategy
 
@@ -88,20 +88,20 @@ class RefusedStrategy:
     name: str
     last_reasoning: str
 
-    def select(self, bids: Sequence[Bid], rfp: Announcement,
+    def select(self, bids: Sequence[Bid], announcement: Announcement,
                capabilities: Mapping[str, NodeCapability]) -> Bid | None:
         """No winner: the strategy was refused."""
         return None
 
 
-def strategy_of(settings: Settings, rfp: Announcement) -> SelectionStrategy:
-    """``rfp``'s strategy as this process may run it: a built-in or registered name, or a
+def strategy_of(settings: Settings, announcement: Announcement) -> SelectionStrategy:
+    """``announcement``'s strategy as this process may run it: a built-in or registered name, or a
     dotted path in its ``bidding_allowed_strategies``; else a ``RefusedStrategy``, logged."""
     try:
-        return resolve_strategy(rfp.strategy, settings.strategy_allowlist)
+        return resolve_strategy(announcement.strategy, settings.strategy_allowlist)
     except ConfigurationError as exc:
-        logger.error("auction %s: strategy refused: %s", rfp.task_id, exc)
-        return RefusedStrategy(rfp.strategy, f"refused here: {exc}")
+        logger.error("auction %s: strategy refused: %s", announcement.task_id, exc)
+        return RefusedStrategy(announcement.strategy, f"refused here: {exc}")
 
 
 def award_answers(settings: Settings, announcement: Announcement,
@@ -172,20 +172,20 @@ def _outcome(job: AwardJob, bound: Award | Unbound) -> Award | Again | None:
     return None if bound is Unbound.LOST else bound
 
 
-def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrategy,
+def decide_award(settings: Settings, announcement: Announcement, strategy: SelectionStrategy,
                  answers: Sequence[Bid | Refusal], counts: dict[str, int], closing: Closing,
                  extra_load: Mapping[str, int] | None = None) -> Award:
-    """The award of ``rfp`` on ``answers`` with the bidders' in-flight ``counts``: the
+    """The award of ``announcement`` on ``answers`` with the bidders' in-flight ``counts``: the
     strategy's pick among the eligible bids, or the no-bid outcome (a fallback node when the
     task's ``no_bid`` says so). ``extra_load``: awards not in the store yet, by node (the
     write-behind journal's reservations), counted for a fallback's choice too."""
     bids, refusals = sorted_answers(answers)
-    award = decide(rfp, refresh_loads(bids, counts), refusals, strategy,
+    award = decide(announcement, refresh_loads(bids, counts), refusals, strategy,
                    closed_by=closing.by, candidates=closing.candidates)
-    if award.outcome == "failed" and rfp.no_bid == "fallback":
-        pool = (fallback_pool(rfp, live_nodes(settings))
+    if award.outcome == "failed" and announcement.no_bid == "fallback":
+        pool = (fallback_pool(announcement, live_nodes(settings))
                 # never "none to fall back to" from a cached list: read it again first
-                or fallback_pool(rfp, live_nodes(settings, fresh=True)))
+                or fallback_pool(announcement, live_nodes(settings, fresh=True)))
         loads = in_flight_counts(settings, [n.name for n in pool])
         for name, extra in (extra_load or {}).items():
             if name in loads:
@@ -194,13 +194,13 @@ def decide_award(settings: Settings, rfp: Announcement, strategy: SelectionStrat
         if node is not None:
             award = award.model_copy(update={"outcome": "fallback", "winner": node})
         else:
-            skills = ", ".join(rfp.required_skills) or "any skill"
+            skills = ", ".join(announcement.required_skills) or "any skill"
             award = award.model_copy(update={"error": (
                 f"{award.error}; no live node with {skills} to fall back to")})
     return award
 
 
-def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award) -> None:
+def route_award(app: Celery, settings: Settings, announcement: Announcement, award: Award) -> None:
     """Act on a committed award: send the execution to the winner, or fail the caller's
     result with the reason there is none.
 
@@ -210,23 +210,33 @@ def route_award(app: Celery, settings: Settings, rfp: Announcement, award: Award
     """
     if award.winner is not None:
         # Before the execution, so that Flower has it before the winner's own events.
-        events.awarded(app, rfp, award.winner, exec_queue(award.winner),
+        events.awarded(app, announcement, award.winner, exec_queue(award.winner),
                        outcome=award.outcome)
         try:
-            send_execution(app, rfp, award.winner, settings)
+            send_execution(app, announcement, award.winner, settings)
         except Exception as exc:
-            mark_undelivered(settings, rfp, award.winner, exc)
+            mark_undelivered(settings, announcement, award.winner, exc)
             return
     else:
-        fail_caller(app, settings, rfp, NoBidsError(award.error or NO_VALID_BIDS))
-    logger.info("auction %s closed by %s: %s %s", rfp.task_id, award.closed_by, award.outcome,
-                award.winner or award.error)
+        fail_caller(app, settings, announcement, NoBidsError(award.error or NO_VALID_BIDS))
+    logger.info(
+        "auction %s closed by %s: %s %s",
+        announcement.task_id,
+        award.closed_by,
+        award.outcome,
+        award.winner or award.error,
+    )
 
 
 _AWARDED = select(
-    AnnouncementRow.state, AnnouncementRow.attempt, AnnouncementRow.assigned_node,
-    AnnouncementRow.outcome, AnnouncementRow.strategy, AnnouncementRow.closed_by,
-    AnnouncementRow.error, AnnouncementRow.awarded_at,
+    AnnouncementRow.state,
+    AnnouncementRow.attempt,
+    AnnouncementRow.assigned_node,
+    AnnouncementRow.outcome,
+    AnnouncementRow.strategy,
+    AnnouncementRow.closed_by,
+    AnnouncementRow.error,
+    AnnouncementRow.awarded_at,
 ).where(AnnouncementRow.task_id == bindparam("task_id"))
 
 
@@ -238,12 +248,18 @@ def stored_award(settings: Settings, task_id: str) -> Award | None:
         row = session.execute(_AWARDED, {"task_id": task_id}).one_or_none()
     if row is None or row.outcome not in ("awarded", "fallback", "failed"):
         return None
-    if not ((row.state == states.ASSIGNED and row.assigned_node)
-            or (row.state == states.FAILED and row.assigned_node is None
-                and row.outcome == "failed")):
+    if not (
+        (row.state == states.ASSIGNED and row.assigned_node)
+        or (row.state == states.FAILED and row.assigned_node is None and row.outcome == "failed")
+    ):
         return None
-    return Award(task_id=task_id, attempt=row.attempt, outcome=row.outcome,
-                 winner=row.assigned_node, strategy=row.strategy, closed_by=row.closed_by or "",
-                 error=row.error, awarded_at=row.awarded_at or clock.now())
-
-
+    return Award(
+        task_id=task_id,
+        attempt=row.attempt,
+        outcome=row.outcome,
+        winner=row.assigned_node,
+        strategy=row.strategy,
+        closed_by=row.closed_by or "",
+        error=row.error,
+        awarded_at=row.awarded_at or clock.now(),
+    )

@@ -33,34 +33,46 @@ class NodeHistory:
     successes: int = 0
 
 
-def refusal_reason(rfp: Announcement, profile: NodeProfile, now: float) -> str | None:
-    """Why ``profile``'s node will not bid on ``rfp``, or None when it will."""
-    if rfp.deadline is not None and now > rfp.deadline:
+def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float) -> str | None:
+    """Why ``profile``'s node will not bid on ``announcement``, or None when it will."""
+    if announcement.deadline is not None and now > announcement.deadline:
         return "deadline passed"
-    if rfp.required_skills and skill_match(rfp.required_skills, profile.capabilities) == 0:
+    if (
+        announcement.required_skills
+        and skill_match(announcement.required_skills, profile.capabilities) == 0
+    ):
         return (
-            f"no matching capability: task needs {', '.join(rfp.required_skills)}; "
+            f"no matching capability: task needs {', '.join(announcement.required_skills)}; "
             f"node has {', '.join(profile.capabilities)}"
         )
     return None
 
 
 def compute_bid(
-    rfp: Announcement, profile: NodeProfile, history: NodeHistory, now: float | None = None
+    announcement: Announcement,
+    profile: NodeProfile,
+    history: NodeHistory,
+    now: float | None = None,
 ) -> Bid | Refusal:
-    """The bid ``profile``'s node makes for ``rfp`` given its ``history``, or its refusal."""
+    """The bid ``profile``'s node makes for ``announcement`` given its ``history``, or its
+    refusal."""
     now = clock.now() if now is None else now
-    reason = refusal_reason(rfp, profile, now)
+    reason = refusal_reason(announcement, profile, now)
     if reason is not None:
-        return Refusal(task_id=rfp.task_id, node=profile.name, attempt=rfp.attempt,
-                       reason=reason, bid_at=now)
-    capability = scores.capability_score(rfp.required_skills, profile.capabilities)
-    matched = [s for s in rfp.required_skills if s in profile.capabilities]
-    cost = scores.estimated_cost(profile.price_per_unit, rfp.units)
+        return Refusal(
+            task_id=announcement.task_id,
+            node=profile.name,
+            attempt=announcement.attempt,
+            reason=reason,
+            bid_at=now,
+        )
+    capability = scores.capability_score(announcement.required_skills, profile.capabilities)
+    matched = [s for s in announcement.required_skills if s in profile.capabilities]
+    cost = scores.estimated_cost(profile.price_per_unit, announcement.units)
     return Bid(
-        task_id=rfp.task_id,
+        task_id=announcement.task_id,
         node=profile.name,
-        attempt=rfp.attempt,
+        attempt=announcement.attempt,
         skills=list(profile.capabilities),
         capability=capability,
         experience=scores.experience_score(history.outcomes),
@@ -72,14 +84,13 @@ def compute_bid(
         recent_failures=history.recent_failures,
         in_flight=history.in_flight,
         capacity=profile.capacity,
-        is_preferred_node=rfp.preferred_node == profile.name,
+        is_preferred_node=announcement.preferred_node == profile.name,
         proposal=(
             f"{profile.name} offers {', '.join(matched) or 'general capacity'} "
-            f"at {cost:.4f} for {rfp.units:g} unit(s), ~{profile.latency_ms:.0f} ms latency, "
+            f"at {cost:.4f} for {announcement.units:g} unit(s), "
+            f"~{profile.latency_ms:.0f} ms latency, "
             f"{history.in_flight}/{profile.capacity} busy"
         ),
-        metadata={"content_confidence": scores.confidence_score(rfp.content)},
+        metadata={"content_confidence": scores.confidence_score(announcement.content)},
         bid_at=now,
     )
-
-

@@ -72,9 +72,9 @@ def resolve_bidder(profile: NodeProfile, source: str = "<profile>") -> Bidder | 
     return import_bidder(profile.bidder, source)
 
 
-def call_bidder(fn: Bidder, rfp: Announcement, draft: Bid) -> Any:
-    """``fn(rfp, draft)``, run to completion if it is a coroutine function."""
-    value = fn(rfp, draft)
+def call_bidder(fn: Bidder, announcement: Announcement, draft: Bid) -> Any:
+    """``fn(announcement, draft)``, run to completion if it is a coroutine function."""
+    value = fn(announcement, draft)
     if inspect.isawaitable(value):
         async def wait() -> Any:
             return await value
@@ -97,7 +97,7 @@ class NodeBidder:
         #: Refusing for overload now (see ``ask``).
         self.overloaded = False
 
-    def ask(self, rfp: Announcement, draft: Bid, expires_at: float | None,
+    def ask(self, announcement: Announcement, draft: Bid, expires_at: float | None,
             then: Callable[[Bid | Refusal], None]) -> None:
         """Ask the bidder about ``draft``; ``then`` gets the node's answer (on another thread)
         when the bidder answers, or at its timeout or the end of the auction's window."""
@@ -111,7 +111,7 @@ class NodeBidder:
             then(self.answer(draft, outcome, timeout, by_window))
 
         try:
-            self.calls.submit(lambda: call_bidder(self.fn, rfp, draft), timeout, done)
+            self.calls.submit(lambda: call_bidder(self.fn, announcement, draft), timeout, done)
         except Overloaded as exc:
             # Answered at once, on the caller's thread: queued, it would be refused at its
             # timeout anyway, and the queue would grow while the bidder is stuck. Logged when

@@ -33,8 +33,7 @@ from bidding.store import read_session, write_session
 from bidding.store.engine import core, is_sqlite
 from bidding.store.outage import outlasting, retryable
 from bidding.store.rows import insert_rows
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow
+from bidding.store.schema import AnnouncementRow, BidRow
 
 logger = logging.getLogger(__name__)
 
@@ -188,13 +187,13 @@ def row_appears(settings: Settings, task_id: str) -> bool:
     return False
 
 
-def write_award(session: Session, settings: Settings, rfp: Announcement,
+def write_award(session: Session, settings: Settings, announcement: Announcement,
                 answers: Sequence[Bid | Refusal], award: Award, now_counts: dict[str, int],
                 *, write: bool) -> bool:
-    """Write ``award`` of ``rfp``'s open auction in ``session``: the scored answers (when
+    """Write ``award`` of ``announcement``'s open auction in ``session``: the scored answers (when
     ``write``: they are not in the store yet) with their messages, and the compare-and-set of
     the announcement to ASSIGNED or FAILED with its AWARDED or NO_AWARD message. False when
-    the auction was not open at ``rfp``'s attempt (someone else closed it)."""
+    the auction was not open at ``announcement``'s attempt (someone else closed it)."""
     target = states.ASSIGNED if award.winner is not None else states.FAILED
     by_node = {s.node: s for s in award.scores}
     counted: dict[str, Any] = {}
@@ -215,18 +214,18 @@ def write_award(session: Session, settings: Settings, rfp: Announcement,
         kind = journal.AWARDED
         detail = {"outcome": award.outcome, "strategy": award.strategy,
                   "score": winner_score, "closed_by": award.closed_by,
-                  "latency_ms": round((award.awarded_at - rfp.announced_at) * 1000, 3)}
+                  "latency_ms": round((award.awarded_at - announcement.announced_at) * 1000, 3)}
     else:
         kind = journal.NO_AWARD
         detail = {"error": award.error, "closed_by": award.closed_by}
-    if not transition(session, rfp.task_id, target,
+    if not transition(session, announcement.task_id, target,
                       Log(kind, node=award.winner, detail=detail, at=award.awarded_at),
-                      Expect(states=(states.BIDDING,), attempt=rfp.attempt),
+                      Expect(states=(states.BIDDING,), attempt=announcement.attempt),
                       assigned_node=award.winner, awarded_at=award.awarded_at,
                       winning_score=winner_score, outcome=award.outcome,
                       closed_by=award.closed_by, error=award.error,
                       finished_at=None if award.winner else award.awarded_at,
-                      due_at=(delivery_due(settings, rfp, award.awarded_at) if award.winner
+                      due_at=(delivery_due(settings, announcement, award.awarded_at) if award.winner
                               else None),
                       **counted):
         return False
@@ -235,7 +234,7 @@ def write_award(session: Session, settings: Settings, rfp: Announcement,
     winning_bid_id = None
     decided_on = {a.node for a in answers}
     for row in session.scalars(select(BidRow).where(
-            BidRow.task_id == rfp.task_id, BidRow.attempt == rfp.attempt,
+            BidRow.task_id == announcement.task_id, BidRow.attempt == announcement.attempt,
             BidRow.late.is_(False))):
         if row.node not in decided_on:
             # Posted after the close read the board and before this transaction: the
@@ -249,7 +248,7 @@ def write_award(session: Session, settings: Settings, rfp: Announcement,
             winning_bid_id = row.id
     if winning_bid_id is not None:
         session.execute(update(AnnouncementRow)
-                        .where(AnnouncementRow.task_id == rfp.task_id)
+                        .where(AnnouncementRow.task_id == announcement.task_id)
                         .values(winning_bid_id=winning_bid_id))
     return True
 

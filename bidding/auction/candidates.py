@@ -17,7 +17,7 @@ from bidding.models import Announcement, BidMode
 from bidding.nodes.registry import LiveNode
 
 
-def prior_score(rfp: Announcement, node: LiveNode) -> float:
+def prior_score(announcement: Announcement, node: LiveNode) -> float:
     """What the producer can tell about a node before it bids: skill match, and its trust as
     learned from its record (the declared trust moved toward its success rate, as in bids).
 
@@ -25,7 +25,7 @@ def prior_score(rfp: Announcement, node: LiveNode) -> float:
     best half however often it failed (bench/quality.py --caps, 32 nodes: cap 4 got 76.7%
     success with declared trust, 85.6% with learned trust).
     """
-    match = scores.capability_score(rfp.required_skills, node.capabilities)
+    match = scores.capability_score(announcement.required_skills, node.capabilities)
     trust = scores.learned_trust(node.trust, node.successes, node.attempts)
     # In bands of 10 points, as the Kubernetes scheduler scores in coarse integers: nodes with
     # about the same record tie, and ties are drawn at random, so the best half rotates among
@@ -52,28 +52,31 @@ def not_excluded(capable: Sequence[LiveNode], exclude: Sequence[str]) -> list[Li
 
 
 def select_candidates(
-    rfp: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None
+    announcement: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None
 ) -> list[str]:
-    """Live nodes that could bid (filter), capped at ``rfp.candidate_cap`` (best half + random).
+    """Live nodes that could bid (filter), capped at ``announcement.candidate_cap`` (best half
+    and random).
 
-    Nodes in ``rfp.exclude_nodes`` (they failed this task or went offline with it) are left out
+    Nodes in ``announcement.exclude_nodes`` (they failed this task or went offline with it) are
+    left out
     while others can do it (``not_excluded``).
     """
-    required = set(rfp.required_skills)
+    required = set(announcement.required_skills)
     capable = [n for n in live if not required or required & set(n.capabilities)]
-    eligible = not_excluded(capable, rfp.exclude_nodes)
-    cap = rfp.candidate_cap
+    eligible = not_excluded(capable, announcement.exclude_nodes)
+    cap = announcement.candidate_cap
     if cap == 0 or len(eligible) <= cap:
         return [n.name for n in eligible]
     rng = rng or random.Random()
-    ranked = sorted(eligible, key=lambda n: (-prior_score(rfp, n), rng.random()))
+    ranked = sorted(eligible, key=lambda n: (-prior_score(announcement, n), rng.random()))
     keep = math.ceil(cap / 2)
     chosen = ranked[:keep] + rng.sample(ranked[keep:], cap - keep)
     return [n.name for n in chosen]
 
 
-def split_by_bidder(mode: BidMode, live: Sequence[LiveNode], candidates: Sequence[str]
-                    ) -> tuple[list[str], list[str]]:
+def split_by_bidder(
+    mode: BidMode, live: Sequence[LiveNode], candidates: Sequence[str]
+) -> tuple[list[str], list[str]]:
     """Which candidates the announcer bids for (proxied) and which it asks, in ``mode``:
     "proxy" bids for all, "ask" asks all, "auto" bids for the nodes that bid with the built-in
     function alone (their heartbeat says so) and asks those with a bidder of their own."""

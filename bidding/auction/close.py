@@ -21,53 +21,72 @@ from bidding.lifecycle import events, journal, parking, states
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award, Refusal
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
 
 def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
-                  closed_by: str, *, rfp: Announcement | None = None,
+                  closed_by: str, *, announcement: Announcement | None = None,
                   candidates: int | None = None) -> Award | None:
     """Award ``task_id``'s auction if it is still open; None when someone else already did.
 
-    The bidder whose answer completed the auction passes the announcement it holds (``rfp``),
-    which saves reading it back; the sweepers pass only the id.
+    The bidder whose answer completed the auction passes the announcement it holds, which
+    saves reading it back; the sweepers pass only the id.
     """
-    if rfp is None or candidates is None:
+    if announcement is None or candidates is None:
         with read_session(settings.database_url) as session:
             row = session.execute(
-                select(AnnouncementRow.state, AnnouncementRow.attempt, AnnouncementRow.spec,
-                       AnnouncementRow.candidates)
-                .where(AnnouncementRow.task_id == task_id)
+                select(
+                    AnnouncementRow.state,
+                    AnnouncementRow.attempt,
+                    AnnouncementRow.spec,
+                    AnnouncementRow.candidates,
+                ).where(AnnouncementRow.task_id == task_id)
             ).one_or_none()
         if row is None or row.state != states.BIDDING or row.attempt != attempt:
             return None
-        rfp = Announcement.model_validate(row.spec)
+        announcement = Announcement.model_validate(row.spec)
         candidates = len(row.candidates)
     board = get_board(settings, app)
     # Kept past the window, so that an awarder that dies before committing leaves the answers
     # for the sweeper that closes the auction at its deadline.
-    answers = board.close(task_id, attempt,
-                          keep=max(0.0, rfp.announced_at + rfp.window - clock.now()) + 60.0)
+    answers = board.close(
+        task_id,
+        attempt,
+        keep=max(0.0, announcement.announced_at + announcement.window - clock.now()) + 60.0,
+    )
     silent = all(isinstance(a, Refusal) and a.failed for a in answers)
-    if silent and candidates and rfp.silent_rounds < settings.silent_rounds and (
-            rfp.deadline is None or rfp.deadline > clock.now() + rfp.window):
+    if (
+        silent
+        and candidates
+        and announcement.silent_rounds < settings.silent_rounds
+        and (
+            announcement.deadline is None
+            or announcement.deadline > clock.now() + announcement.window
+        )
+    ):
         # Not one candidate answered, or could bid: a node killed before its heartbeat
         # expired, workers reconnecting to a restarted broker, a store restarting; no
         # verdict on the task. Announce it again.
-        if announce_again(settings, rfp, candidates):
-            events.deferred(app, rfp, "no candidate answered: announced again")
+        if announce_again(settings, announcement, candidates):
+            events.deferred(app, announcement, "no candidate answered: announced again")
         return None
-    award = award_answers(settings, rfp, answers, closed_by=closed_by, candidates=candidates,
-                          write=board.writes_on_award)
+    award = award_answers(
+        settings,
+        announcement,
+        answers,
+        closed_by=closed_by,
+        candidates=candidates,
+        write=board.writes_on_award,
+    )
     if award is not None:
-        route_award(app, settings, rfp, award)
+        route_award(app, settings, announcement, award)
     return award
 
 
-def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bool:
-    """Defer ``rfp``'s silent auction for a heartbeat interval, one more silent round
+def announce_again(settings: Settings, announcement: Announcement, candidates: int) -> bool:
+    """Defer ``announcement``'s silent auction for a heartbeat interval, one more silent round
     counted; False when someone else closed it first.
 
     The next round is a new attempt (as a re-award is): answers to this round's requests
@@ -75,35 +94,55 @@ def announce_again(settings: Settings, rfp: Announcement, candidates: int) -> bo
     is no failure: the retry policy counts failures, not attempts.
     """
     now = clock.now()
-    again = rfp.model_copy(update={"silent_rounds": rfp.silent_rounds + 1,
-                                   "attempt": rfp.attempt + 1})
-    reason = (f"none of {candidates} candidate(s) answered or could bid within "
-              f"{rfp.window:g}s (a worker restarting or reconnecting?): announced again, round "
-              f"{again.silent_rounds + 1} of {settings.silent_rounds + 1}")
+    again = announcement.model_copy(
+        update={
+            "silent_rounds": announcement.silent_rounds + 1,
+            "attempt": announcement.attempt + 1,
+        }
+    )
+    reason = (
+        f"none of {candidates} candidate(s) answered or could bid within "
+        f"{announcement.window:g}s (a worker restarting or reconnecting?): announced again, round "
+        f"{again.silent_rounds + 1} of {settings.silent_rounds + 1}"
+    )
     with write_session(settings.database_url) as session:
-        moved = transition(session, rfp.task_id, states.DEFERRED,
-                           Log(journal.DEFERRED, detail={
-                               "reason": reason, "retry_in_s": settings.heartbeat_interval,
-                               "silent_rounds": again.silent_rounds}),
-                           Expect(states=(states.BIDDING,), attempt=rfp.attempt),
-                           spec=again.model_dump(mode="json"), attempt=again.attempt,
-                           due_at=now + settings.heartbeat_interval)
+        moved = transition(
+            session,
+            announcement.task_id,
+            states.DEFERRED,
+            Log(
+                journal.DEFERRED,
+                detail={
+                    "reason": reason,
+                    "retry_in_s": settings.heartbeat_interval,
+                    "silent_rounds": again.silent_rounds,
+                },
+            ),
+            Expect(states=(states.BIDDING,), attempt=announcement.attempt),
+            spec=again.model_dump(mode="json"),
+            attempt=again.attempt,
+            due_at=now + settings.heartbeat_interval,
+        )
     if moved:
-        logger.warning("auction %s: %s", rfp.task_id, reason)
+        logger.warning("auction %s: %s", announcement.task_id, reason)
     return moved
 
 
 _EXPIRED = (
     select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.scan_failures)
-    .where(AnnouncementRow.state == states.BIDDING,
-           AnnouncementRow.closes_at <= bindparam("now"), parking.UNPARKED)
+    .where(
+        AnnouncementRow.state == states.BIDDING,
+        AnnouncementRow.closes_at <= bindparam("now"),
+        parking.UNPARKED,
+    )
     .order_by(AnnouncementRow.closes_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 
 
-def close_expired(settings: Settings, app: Celery, now: float | None = None,
-                  limit: int = 100) -> int:
+def close_expired(
+    settings: Settings, app: Celery, now: float | None = None, limit: int = 100
+) -> int:
     """Close every open auction past its window (the deadline closer); returns how many.
 
     An auction it fails to close stays the oldest past its window: it is counted, and parked

@@ -35,7 +35,7 @@ from bidding.store import write_session
 logger = logging.getLogger(__name__)
 
 
-def request_bids(settings: Settings, app: Celery, rfp: Announcement,
+def request_bids(settings: Settings, app: Celery, announcement: Announcement,
                  candidates: Sequence[str], *, expected: int | None = None,
                  view: tuple[Announcement, bool] | None = None) -> None:
     """Ask every candidate to bid: one request each, sent in one batch.
@@ -47,17 +47,32 @@ def request_bids(settings: Settings, app: Celery, rfp: Announcement,
     their window.
     """
     # A request still queued after the window is worthless: the node drops it unread.
-    expires_at = rfp.announced_at + rfp.window
+    expires_at = announcement.announced_at + announcement.window
     expected = len(candidates) if expected is None else expected
-    shown, full = view if view is not None else bidder_view(rfp, settings.bid_request_limit)
-    requests = [BidRequest(announcement=shown, node=node, expires_at=expires_at,
-                           expected=expected, partial=not full) for node in candidates]
-    get_board(settings, app).send_requests(app, requests, ttl=rfp.window + 1.0)
+    shown, full = (
+        view if view is not None else bidder_view(announcement, settings.bid_request_limit)
+    )
+    requests = [
+        BidRequest(
+            announcement=shown,
+            node=node,
+            expires_at=expires_at,
+            expected=expected,
+            partial=not full,
+        )
+        for node in candidates
+    ]
+    get_board(settings, app).send_requests(app, requests, ttl=announcement.window + 1.0)
 
 
-def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
-           request: BidRequest, defer: Callable[..., Any] | None = None,
-           bidder: NodeBidder | None = None) -> Bid | Refusal | None:
+def answer(
+    settings: Settings,
+    app: Celery,
+    profile: NodeProfile | None,
+    request: BidRequest,
+    defer: Callable[..., Any] | None = None,
+    bidder: NodeBidder | None = None,
+) -> Bid | Refusal | None:
     """Answer one bid request and record the answer; never raises. None when dropped, or
     when the node's own ``bidder`` answers later (on its thread, ``auction.bidder``).
 
@@ -66,46 +81,67 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
     """
     if not _open(request):
         return None
-    rfp, node, expires_at = request.announcement, request.node, request.expires_at
+    announcement, node, expires_at = request.announcement, request.node, request.expires_at
     expected, full = request.expected, not request.partial
     response: Bid | Refusal
     try:
         if profile is None:
-            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                               reason="this worker has no node profile (bidding_profile)")
+            response = Refusal(
+                task_id=announcement.task_id,
+                node=node,
+                attempt=announcement.attempt,
+                reason="this worker has no node profile (bidding_profile)",
+            )
         elif profile.name != node:
-            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                               reason=f"profile mismatch: worker runs node {profile.name!r}")
-        elif rfp.task_name and rfp.task_name not in app.tasks:
+            response = Refusal(
+                task_id=announcement.task_id,
+                node=node,
+                attempt=announcement.attempt,
+                reason=f"profile mismatch: worker runs node {profile.name!r}",
+            )
+        elif announcement.task_name and announcement.task_name not in app.tasks:
             # Its pool would drop the message (NotRegistered): never win work it cannot run.
-            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                               reason=f"task {rfp.task_name} is not registered on this node "
-                                      f"(its workers run -A {app.main})")
+            response = Refusal(
+                task_id=announcement.task_id,
+                node=node,
+                attempt=announcement.attempt,
+                reason=f"task {announcement.task_name} is not registered on this node "
+                f"(its workers run -A {app.main})",
+            )
         else:
-            response = place_bid(settings, rfp, profile, request.history_version)
+            response = place_bid(settings, announcement, profile, request.history_version)
     except Exception as exc:  # a bid never raises: the auction must still close
-        logger.exception("bid of %s on %s failed", node, rfp.task_id)
-        response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                           reason=f"bid failed: {type(exc).__name__}: {exc}", failed=True)
+        logger.exception("bid of %s on %s failed", node, announcement.task_id)
+        response = Refusal(
+            task_id=announcement.task_id,
+            node=node,
+            attempt=announcement.attempt,
+            reason=f"bid failed: {type(exc).__name__}: {exc}",
+            failed=True,
+        )
 
     def post(given: Bid | Refusal) -> None:
         try:
-            record_answer(settings, app, rfp, given, expected, defer, full=full)
+            record_answer(settings, app, announcement, given, expected, defer, full=full)
         except Exception:
             # The sweeper still closes the auction at its deadline with the bids recorded.
-            logger.exception("could not record the bid of %s on %s", node, rfp.task_id)
+            logger.exception("could not record the bid of %s on %s", node, announcement.task_id)
 
     if bidder is not None and isinstance(response, Bid):
         # The node's own bidder judges the draft on a thread of its own; its answer (or a
         # refusal at its timeout) is posted from there.
         try:
-            bidder.ask(rfp, response, expires_at or None, post)
+            bidder.ask(announcement, response, expires_at or None, post)
             return None
         except Exception as exc:  # never raised so far; the auction must still hear from us
-            logger.exception("could not ask the bidder of %s on %s", node, rfp.task_id)
-            response = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt,
-                               reason=f"could not ask its bidder: {type(exc).__name__}: {exc}",
-                               bidder=bidder.spec)
+            logger.exception("could not ask the bidder of %s on %s", node, announcement.task_id)
+            response = Refusal(
+                task_id=announcement.task_id,
+                node=node,
+                attempt=announcement.attempt,
+                reason=f"could not ask its bidder: {type(exc).__name__}: {exc}",
+                bidder=bidder.spec,
+            )
     post(response)
     return response
 
@@ -113,63 +149,95 @@ def answer(settings: Settings, app: Celery, profile: NodeProfile | None,
 def _open(request: BidRequest) -> bool:
     """False (logged) when the request's auction has closed: it is dropped unread."""
     if request.expires_at and clock.now() > request.expires_at:
-        logger.info("bid request for %s arrived after its auction closed; dropped",
-                    request.announcement.task_id)
+        logger.info(
+            "bid request for %s arrived after its auction closed; dropped",
+            request.announcement.task_id,
+        )
         return False
     return True
 
 
-def refuse(settings: Settings, app: Celery, request: BidRequest, reason: str,
-           defer: Callable[..., Any] | None = None) -> Refusal | None:
+def refuse(
+    settings: Settings,
+    app: Celery,
+    request: BidRequest,
+    reason: str,
+    defer: Callable[..., Any] | None = None,
+) -> Refusal | None:
     """Answer ``request`` at once with a refusal that says ``reason`` (the node could not bid:
     no verdict on the task) and record it; never raises. None when the request is dropped."""
     if not _open(request):
         return None
-    rfp, node = request.announcement, request.node
-    refusal = Refusal(task_id=rfp.task_id, node=node, attempt=rfp.attempt, reason=reason,
-                      failed=True)
+    announcement, node = request.announcement, request.node
+    refusal = Refusal(
+        task_id=announcement.task_id,
+        node=node,
+        attempt=announcement.attempt,
+        reason=reason,
+        failed=True,
+    )
     try:
-        record_answer(settings, app, rfp, refusal, request.expected, defer,
-                      full=not request.partial)
+        record_answer(
+            settings, app, announcement, refusal, request.expected, defer, full=not request.partial
+        )
     except Exception:  # the sweeper still closes the auction at its deadline
-        logger.exception("could not record the refusal of %s on %s", node, rfp.task_id)
+        logger.exception("could not record the refusal of %s on %s", node, announcement.task_id)
     return refusal
 
 
-def record_answer(settings: Settings, app: Celery, rfp: Announcement,
-                  response: Bid | Refusal, expected: int,
-                  defer: Callable[..., Any] | None = None, *, full: bool = True) -> None:
+def record_answer(
+    settings: Settings,
+    app: Celery,
+    announcement: Announcement,
+    response: Bid | Refusal,
+    expected: int,
+    defer: Callable[..., Any] | None = None,
+    *,
+    full: bool = True,
+) -> None:
     """Post the answer on the bid board; the answer that completes the auction closes it
-    (``full``: ``rfp`` is the whole announcement, else the closer reads it from the store)."""
+    (``full``: ``announcement`` is the whole announcement, else the closer reads it from the
+    store)."""
     board = get_board(settings, app)
-    posted = board.post(response, expected=expected, window=rfp.window)
+    posted = board.post(response, expected=expected, window=announcement.window)
     if posted.late:
-        logger.info("%s answered %s after its auction closed", response.node, rfp.task_id)
+        logger.info("%s answered %s after its auction closed", response.node, announcement.task_id)
         if board.writes_on_award:
             try:
                 with write_session(settings.database_url) as session:
                     write_answer(session, response, late=True)
             except Exception:  # an unknown announcement: nothing to attach the answer to
-                logger.warning("late answer of %s for unknown task %s dropped",
-                               response.node, rfp.task_id)
+                logger.warning(
+                    "late answer of %s for unknown task %s dropped",
+                    response.node,
+                    announcement.task_id,
+                )
         return
     if posted.complete:
-        (defer or _now)(_close, settings, app, rfp, expected, full)
+        (defer or _now)(_close, settings, app, announcement, expected, full)
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Any:
     return fn(*args)
 
 
-def _close(settings: Settings, app: Celery, rfp: Announcement, expected: int,
-           full: bool = True) -> None:
+def _close(
+    settings: Settings, app: Celery, announcement: Announcement, expected: int, full: bool = True
+) -> None:
     try:
         # A partial announcement (the bidder's view) is not what the award sends: the closer
         # reads the task's own from the store.
-        close_auction(settings, app, rfp.task_id, rfp.attempt, closed_by="all bids in",
-                      rfp=rfp if full else None, candidates=expected if full else None)
+        close_auction(
+            settings,
+            app,
+            announcement.task_id,
+            announcement.attempt,
+            closed_by="all bids in",
+            announcement=announcement if full else None,
+            candidates=expected if full else None,
+        )
     except Exception:  # the sweeper closes it at the deadline
-        logger.exception("award of %s failed", rfp.task_id)
+        logger.exception("award of %s failed", announcement.task_id)
 
 
 class BidThreads:
@@ -178,27 +246,32 @@ class BidThreads:
     overloaded; an award finding them full runs on the thread whose answer completed its
     auction (it must not be dropped: that thread waits for it instead)."""
 
-    def __init__(self, settings: Settings, app: Celery, profile: NodeProfile,
-                 bidder: NodeBidder | None) -> None:
+    def __init__(
+        self, settings: Settings, app: Celery, profile: NodeProfile, bidder: NodeBidder | None
+    ) -> None:
         self.settings = settings
         self.app = app
         self.profile = profile
         self.bidder = bidder
-        self.pool = BoundedPool(settings.bid_threads, settings.bid_queue_size,
-                                f"bid-{profile.name}")
+        self.pool = BoundedPool(
+            settings.bid_threads, settings.bid_queue_size, f"bid-{profile.name}"
+        )
         #: Refusing for overload now (logged when it starts and when it ends, not per request).
         self._overloaded = False
 
     def submit(self, request: BidRequest) -> bool:
         """Answer ``request`` on a bid thread; False when it was refused at once instead."""
-        if self.pool.try_submit(answer, self.settings, self.app, self.profile, request,
-                                bidder=self.bidder):
+        if self.pool.try_submit(
+            answer, self.settings, self.app, self.profile, request, bidder=self.bidder
+        ):
             if self._overloaded:
                 self._overloaded = False
                 logger.warning("node %s: bid requests are queued again", self.profile.name)
             return True
-        reason = (f"node {self.profile.name} overloaded: {self.pool.threads} bid thread(s) "
-                  f"busy and {self.pool.queue} request(s) waiting (bidding_bid_queue_size)")
+        reason = (
+            f"node {self.profile.name} overloaded: {self.pool.threads} bid thread(s) "
+            f"busy and {self.pool.queue} request(s) waiting (bidding_bid_queue_size)"
+        )
         if not self._overloaded:
             self._overloaded = True
             logger.warning("%s; bid requests are refused at once until it catches up", reason)
@@ -207,8 +280,9 @@ class BidThreads:
 
     def answer_here(self, request: BidRequest) -> None:
         """Answer ``request`` on this thread; an award it leads to runs on a bid thread."""
-        answer(self.settings, self.app, self.profile, request, defer=self.defer,
-               bidder=self.bidder)
+        answer(
+            self.settings, self.app, self.profile, request, defer=self.defer, bidder=self.bidder
+        )
 
     def defer(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` on a bid thread, or here when every one is taken."""
@@ -249,7 +323,8 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
             # A listener thread answers on itself; Celery's event loop hands requests to the
             # bid threads. Awards go to the pool either way.
             self.intake = get_board(self.settings, self.app).consume_requests(
-                self.profile.name, answer_here=self.answer_here, hand_over=self.submit)
+                self.profile.name, answer_here=self.answer_here, hand_over=self.submit
+            )
         return self.intake.start(channel)
 
     def answer_here(self, request: BidRequest) -> None:

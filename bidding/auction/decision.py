@@ -50,23 +50,28 @@ NO_CONFIDENT_BIDS = "No bids met minimum confidence"
 NO_VALID_BIDS = "No valid bids"
 
 
-def ineligibility(bid: Bid, rfp: Announcement) -> str | None:
-    """Why ``bid`` may not win ``rfp`` (seed 001's min_confidence, AITP's min_trust and budget)."""
-    if bid.confidence < rfp.min_confidence:
-        return f"confidence {bid.confidence:.2f} below min_confidence {rfp.min_confidence:.2f}"
-    if bid.trust < rfp.min_trust:
-        return f"trust {bid.trust:.1f} below min_trust {rfp.min_trust:.1f}"
+def ineligibility(bid: Bid, announcement: Announcement) -> str | None:
+    """Why ``bid`` may not win ``announcement`` (seed 001's min_confidence, AITP's min_trust
+    and budget)."""
+    if bid.confidence < announcement.min_confidence:
+        return (f"confidence {bid.confidence:.2f} below min_confidence "
+                f"{announcement.min_confidence:.2f}")
+    if bid.trust < announcement.min_trust:
+        return f"trust {bid.trust:.1f} below min_trust {announcement.min_trust:.1f}"
     # A tolerance, so a bid of exactly the budget left is not lost to float rounding
     # (1.0 - 0.8 is 0.19999999999999996).
-    if rfp.budget is not None and bid.cost > rfp.budget - rfp.spent + BUDGET_EPSILON:
-        left = rfp.budget - rfp.spent
-        spent = f" ({rfp.spent:.4f} already spent)" if rfp.spent else ""
+    if (
+        announcement.budget is not None
+        and bid.cost > announcement.budget - announcement.spent + BUDGET_EPSILON
+    ):
+        left = announcement.budget - announcement.spent
+        spent = f" ({announcement.spent:.4f} already spent)" if announcement.spent else ""
         return f"cost {bid.cost:.4f} exceeds remaining budget {left:.4f}{spent}"
     return None
 
 
 def decide(
-    rfp: Announcement,
+    announcement: Announcement,
     bids: Sequence[Bid],
     refusals: Sequence[Refusal],
     strategy: SelectionStrategy,
@@ -74,85 +79,106 @@ def decide(
     closed_by: str,
     candidates: int,
 ) -> Award:
-    """Rank the bids of ``rfp`` and name the winner, or say why there is none."""
+    """Rank the bids of ``announcement`` and name the winner, or say why there is none."""
     name = strategy_name(strategy)
     eligible: list[Bid] = []
     scores: list[Score] = []
     caps = capabilities_of(bids)
     for bid in bids:
-        why = ineligibility(bid, rfp)
+        why = ineligibility(bid, announcement)
         if why is None:
             eligible.append(bid)
         else:
             scores.append(Score(node=bid.node, total=0.0, eligible=False, reason=why))
     if not eligible:
-        return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="failed", strategy=name,
-                     closed_by=closed_by, scores=scores,
-                     error=_no_winner_message(rfp, bids, refusals, scores, candidates))
+        return Award(
+            task_id=announcement.task_id,
+            attempt=announcement.attempt,
+            outcome="failed",
+            strategy=name,
+            closed_by=closed_by,
+            scores=scores,
+            error=_no_winner_message(announcement, bids, refusals, scores, candidates),
+        )
     if isinstance(strategy, ScoringStrategy):
-        scores.extend(strategy.score_all(eligible, rfp, caps))
-    winner = run_select(strategy, eligible, rfp, caps)
+        scores.extend(strategy.score_all(eligible, announcement, caps))
+    winner = run_select(strategy, eligible, announcement, caps)
     reasoning = getattr(strategy, "last_reasoning", "")
     if winner is None:
-        return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="failed", strategy=name,
-                     closed_by=closed_by, scores=scores,
-                     error=f"{NO_VALID_BIDS}: strategy {name} selected none of "
-                           f"{len(eligible)} eligible bid(s)"
-                           + (f" ({reasoning})" if reasoning else ""))
+        return Award(
+            task_id=announcement.task_id,
+            attempt=announcement.attempt,
+            outcome="failed",
+            strategy=name,
+            closed_by=closed_by,
+            scores=scores,
+            error=f"{NO_VALID_BIDS}: strategy {name} selected none of "
+            f"{len(eligible)} eligible bid(s)" + (f" ({reasoning})" if reasoning else ""),
+        )
     if reasoning:
-        scores = [s.model_copy(update={"reason": reasoning}) if s.node == winner.node else s
-                  for s in scores]
-    return Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=winner.node,
-                 strategy=name, closed_by=closed_by, scores=scores)
+        scores = [
+            s.model_copy(update={"reason": reasoning}) if s.node == winner.node else s
+            for s in scores
+        ]
+    return Award(
+        task_id=announcement.task_id,
+        attempt=announcement.attempt,
+        outcome="awarded",
+        winner=winner.node,
+        strategy=name,
+        closed_by=closed_by,
+        scores=scores,
+    )
 
 
 def _no_winner_message(
-    rfp: Announcement,
+    announcement: Announcement,
     bids: Sequence[Bid],
     refusals: Sequence[Refusal],
     scores: Sequence[Score],
     candidates: int,
 ) -> str:
-    why = _no_winner_reason(rfp, bids, refusals, scores, candidates)
-    if rfp.attempt > 1 and rfp.last_error:
+    why = _no_winner_reason(announcement, bids, refusals, scores, candidates)
+    if announcement.attempt > 1 and announcement.last_error:
         # A retry that finds no winner: the caller must still learn what failed first.
-        why += f" (attempt {rfp.attempt - 1} failed: {rfp.last_error})"
+        why += f" (attempt {announcement.attempt - 1} failed: {announcement.last_error})"
     return why
 
 
 def _no_winner_reason(
-    rfp: Announcement,
+    announcement: Announcement,
     bids: Sequence[Bid],
     refusals: Sequence[Refusal],
     scores: Sequence[Score],
     candidates: int,
 ) -> str:
     if candidates == 0:
-        skills = ", ".join(rfp.required_skills) or "any skill"
+        skills = ", ".join(announcement.required_skills) or "any skill"
         return f"{NO_BIDDERS}: no live node offers {skills}"
     if not bids:
         if refusals:
             reasons = "; ".join(f"{r.node}: {r.reason}" for r in refusals)
             return f"{NO_BIDS}: every answering node refused ({reasons})"
-        return f"{NO_BIDS}: none of {candidates} candidate(s) answered within {rfp.window:g}s"
+        return (f"{NO_BIDS}: none of {candidates} candidate(s) answered within "
+                f"{announcement.window:g}s")
     reasons = "; ".join(f"{s.node}: {s.reason}" for s in scores)
     if all(s.reason.startswith("confidence") for s in scores):
-        return f"{NO_CONFIDENT_BIDS} ({rfp.min_confidence:.2f}): {reasons}"
+        return f"{NO_CONFIDENT_BIDS} ({announcement.min_confidence:.2f}): {reasons}"
     return f"{NO_VALID_BIDS}: {reasons}"
 
 
-def fallback_pool(rfp: Announcement, live: Sequence[Candidate]) -> list[Candidate]:
+def fallback_pool(announcement: Announcement, live: Sequence[Candidate]) -> list[Candidate]:
     """The live nodes seed 000's fallback may choose from: those with every required skill,
     and not excluded from the task (they failed it, or went offline with it). A task that needs
     a GPU must not fall back to a node without one."""
-    required = set(rfp.required_skills)
-    excluded = set(rfp.exclude_nodes)
-    return [n for n in live
-            if n.name not in excluded and required <= set(n.capabilities)]
+    required = set(announcement.required_skills)
+    excluded = set(announcement.exclude_nodes)
+    return [n for n in live if n.name not in excluded and required <= set(n.capabilities)]
 
 
-def fallback_node(live: Sequence[Candidate], in_flight: dict[str, int],
-                  rng: random.Random | None = None) -> str | None:
+def fallback_node(
+    live: Sequence[Candidate], in_flight: dict[str, int], rng: random.Random | None = None
+) -> str | None:
     """Seed 000's fallback assignment: the least busy live node (in-flight / capacity), ties at
     random. Not the load score: its 0.1 floor would make every saturated node tie."""
     if not live:

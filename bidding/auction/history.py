@@ -31,8 +31,7 @@ from bidding.nodes import history_version
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.engine import core
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode, Node
+from bidding.store.schema import AnnouncementRow, Episode, Node
 
 logger = logging.getLogger(__name__)
 
@@ -272,16 +271,16 @@ def forget_history() -> None:
         _history.clear()
 
 
-def place_bid(settings: Settings, rfp: Announcement, profile: NodeProfile,
+def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfile,
               version: int | None = None) -> Bid | Refusal:
-    """Compute this node's answer to ``rfp`` from its profile and (cached) store history;
+    """Compute this node's answer to ``announcement`` from its profile and (cached) store history;
     ``version`` is the node's history version (see ``cached_history``)."""
     now = clock.now()
-    if refusal_reason(rfp, profile, now) is None:
-        history = cached_history(settings, profile.name, rfp.task_type, now, version)
+    if refusal_reason(announcement, profile, now) is None:
+        history = cached_history(settings, profile.name, announcement.task_type, now, version)
     else:
         history = NodeHistory()
-    return compute_bid(rfp, profile, history, now)
+    return compute_bid(announcement, profile, history, now)
 
 
 def history_versions(settings: Settings, app: Celery, nodes: Sequence[str]

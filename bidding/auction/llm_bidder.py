@@ -48,28 +48,32 @@ def system_prompt(profile: NodeProfile) -> str:
             f"{description}\n\n{BIDDER_INSTRUCTIONS}")
 
 
-def rfp_prompt(rfp: Announcement, draft: Bid, now: float | None = None) -> str:
+def announcement_prompt(announcement: Announcement, draft: Bid, now: float | None = None) -> str:
     """Seed 001's RFP message, with the arguments, budget, deadline and the node's built-in
     estimate (what its bid would be without the agent)."""
     now = clock.now() if now is None else now
     lines = [
-        f"RFP: {rfp.content or rfp.task_name}",
-        f"Skills needed: {rfp.required_skills}",
-        f"Task: {rfp.task_name} (type {rfp.task_type}), {rfp.units:g} unit(s) of work",
+        f"RFP: {announcement.content or announcement.task_name}",
+        f"Skills needed: {announcement.required_skills}",
+        f"Task: {announcement.task_name} (type {announcement.task_type}), "
+        f"{announcement.units:g} unit(s) of work",
     ]
-    if rfp.args or rfp.kwargs:
-        lines.append(f"Arguments: {json.dumps(rfp.args, default=str)} "
-                     f"{json.dumps(rfp.kwargs, default=str)}")
-    if rfp.truncated:
-        cut = ", ".join(f"{k} ({n} characters)" for k, n in rfp.truncated.items())
+    if announcement.args or announcement.kwargs:
+        lines.append(
+            f"Arguments: {json.dumps(announcement.args, default=str)} "
+            f"{json.dumps(announcement.kwargs, default=str)}"
+        )
+    if announcement.truncated:
+        cut = ", ".join(f"{k} ({n} characters)" for k, n in announcement.truncated.items())
         lines.append(f"Shortened for this request: {cut}")
-    if rfp.budget is not None:
-        lines.append(f"Budget: {rfp.budget:g} (spent so far: {rfp.spent:g})")
-    if rfp.deadline is not None:
-        lines.append(f"Deadline: in {max(0.0, rfp.deadline - now):.0f} s")
+    if announcement.budget is not None:
+        lines.append(f"Budget: {announcement.budget:g} (spent so far: {announcement.spent:g})")
+    if announcement.deadline is not None:
+        lines.append(f"Deadline: in {max(0.0, announcement.deadline - now):.0f} s")
     lines.append(
         f"Your record suggests confidence {draft.confidence:.2f}; your cost would be "
-        f"{draft.cost:.4f}; {draft.in_flight}/{draft.capacity} of your slots are busy.")
+        f"{draft.cost:.4f}; {draft.in_flight}/{draft.capacity} of your slots are busy."
+    )
     return "\n".join(lines)
 
 
@@ -88,8 +92,10 @@ def resolve_model(spec: str, source: str = "<profile>") -> Any:
         try:
             obj = obj()
         except Exception as exc:
-            raise ProfileError(f"{source}: bidder_llm.model: {spec!r} could not be called "
-                               f"without arguments ({type(exc).__name__}: {exc})") from None
+            raise ProfileError(
+                f"{source}: bidder_llm.model: {spec!r} could not be called "
+                f"without arguments ({type(exc).__name__}: {exc})"
+            ) from None
     return obj
 
 
@@ -111,8 +117,9 @@ def usage_of(result: Any) -> dict[str, float]:
     return out
 
 
-def llm_bidder(profile: NodeProfile, source: str = "<profile>"
-               ) -> Callable[[Announcement, Bid], dict[str, Any]]:
+def llm_bidder(
+    profile: NodeProfile, source: str = "<profile>"
+) -> Callable[[Announcement, Bid], dict[str, Any]]:
     """Seed 001's ``create_bidder_agent`` for ``profile``'s node, as a bidder function."""
     llm = profile.bidder_llm
     if llm is None:
@@ -120,19 +127,23 @@ def llm_bidder(profile: NodeProfile, source: str = "<profile>"
     try:
         from pydantic_ai import Agent
     except ImportError:  # pragma: no cover - depends on the optional extra
-        raise ProfileError(f'{source}: bidder: "llm" needs pydantic-ai: '
-                           "pip install 'celery-bidding[llm]'") from None
+        raise ProfileError(
+            f"{source}: bidder: \"llm\" needs pydantic-ai: pip install 'celery-bidding[llm]'"
+        ) from None
     model = resolve_model(llm.model, source)
     try:
         agent = Agent(model, system_prompt=system_prompt(profile), output_type=BidResponse)
     except Exception as exc:  # an unknown model name, a provider without its package or key
-        raise ProfileError(f"{source}: bidder_llm.model: {llm.model!r}: "
-                           f"{type(exc).__name__}: {exc}") from None
+        raise ProfileError(
+            f"{source}: bidder_llm.model: {llm.model!r}: {type(exc).__name__}: {exc}"
+        ) from None
     timeout = profile.bidder_timeout_s
 
-    def bid(rfp: Announcement, draft: Bid) -> dict[str, Any]:
+    def bid(announcement: Announcement, draft: Bid) -> dict[str, Any]:
         # The HTTP request's own timeout; the node also stops waiting after bidder_timeout_s.
-        result = agent.run_sync(rfp_prompt(rfp, draft), model_settings={"timeout": timeout})
+        result = agent.run_sync(
+            announcement_prompt(announcement, draft), model_settings={"timeout": timeout}
+        )
         output: BidResponse = result.output
         return {**output.model_dump(), "usage": usage_of(result)}
 

@@ -65,10 +65,10 @@ def profile_of(node: LiveNode) -> NodeProfile:
         price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust)
 
 
-def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
+def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequence[LiveNode],
                   now: float | None = None, versions: dict[str, int | None] | None = None
                   ) -> list[Bid | Refusal]:
-    """Each node's answer to ``rfp``, as its own worker would make it (``bid.place_bid``):
+    """Each node's answer to ``announcement``, as its own worker would make it (``bid.place_bid``):
     a refusal, or ``compute_bid`` on its published profile and its history in the store.
 
     ``versions`` (the nodes' history versions on the bid board) let histories read for an
@@ -76,50 +76,66 @@ def proxy_answers(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNod
     """
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
-    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
-    histories = cached_histories(settings, bidding, rfp.task_type, versions or {}, now)
-    return answers_of(rfp, profiles, histories, now)
+    bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
+    histories = cached_histories(settings, bidding, announcement.task_type, versions or {}, now)
+    return answers_of(announcement, profiles, histories, now)
 
 
-def answers_of(rfp: Announcement, profiles: Sequence[NodeProfile],
+def answers_of(announcement: Announcement, profiles: Sequence[NodeProfile],
                histories: dict[str, NodeHistory], now: float) -> list[Bid | Refusal]:
     """``compute_bid`` for each profile, on its history (empty when it was not read)."""
-    return [compute_bid(rfp, p, histories.get(p.name, NodeHistory()), now) for p in profiles]
+    return [
+        compute_bid(announcement, p, histories.get(p.name, NodeHistory()), now) for p in profiles
+    ]
 
 
-def answers_inside(settings: Settings, rfp: Announcement, nodes: Sequence[LiveNode],
-                   now: float | None = None) -> AnswersInside:
-    """The nodes' answers to ``rfp``, made in the award's transaction: their histories are
+def answers_inside(
+    settings: Settings,
+    announcement: Announcement,
+    nodes: Sequence[LiveNode],
+    now: float | None = None,
+) -> AnswersInside:
+    """The nodes' answers to ``announcement``, made in the award's transaction: their histories are
     read there, completing the states (in-flight work, record, failures) the award has just
     read under its lock."""
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
-    bidding = [p.name for p in profiles if refusal_reason(rfp, p, now) is None]
+    bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
-        histories = read_histories(session, settings, bidding, rfp.task_type, now,
-                                   known=known)
-        return answers_of(rfp, profiles, histories, now)
+        histories = read_histories(
+            session, settings, bidding, announcement.task_type, now, known=known
+        )
+        return answers_of(announcement, profiles, histories, now)
 
     return AnswersInside(bidding, make, now)
 
 
-def post_proxy_answers(settings: Settings, app: Celery, rfp: Announcement,
-                       nodes: Sequence[LiveNode], expected: int) -> Posted:
-    """Post the bids of ``nodes`` on ``rfp``'s bid board, made here (``proxy_answers``, from
-    histories cached while the nodes' versions hold), in a mixed auction that waits for
-    ``expected`` answers in all; posted before the other candidates are asked, so that an
-    asked node's answer is the one that completes the auction."""
+def post_proxy_answers(
+    settings: Settings,
+    app: Celery,
+    announcement: Announcement,
+    nodes: Sequence[LiveNode],
+    expected: int,
+) -> Posted:
+    """Post the bids of ``nodes`` on the announcement's bid board, made here
+    (``proxy_answers``, from histories cached while the nodes' versions hold), in a mixed
+    auction that waits for ``expected`` answers in all; posted before the other candidates
+    are asked, so that an asked node's answer is the one that completes the auction."""
     board = get_board(settings, app)
     versions = history_versions(settings, app, [n.name for n in nodes])
-    answers = proxy_answers(settings, rfp, nodes, versions=versions)
-    return board.post_many(answers, expected=expected, window=rfp.window)
+    answers = proxy_answers(settings, announcement, nodes, versions=versions)
+    return board.post_many(answers, expected=expected, window=announcement.window)
 
 
-def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
-                   candidates: Sequence[LiveNode],
-                   opening: Callable[[Session], object] | None = None) -> Award | None:
-    """Make the candidates' bids for ``rfp`` and commit its award (``award.route_award``
+def award_by_proxy(
+    settings: Settings,
+    app: Celery,
+    announcement: Announcement,
+    candidates: Sequence[LiveNode],
+    opening: Callable[[Session], object] | None = None,
+) -> Award | None:
+    """Make the candidates' bids for ``announcement`` and commit its award (``award.route_award``
     sends it). Its row is stored in state BIDDING already, or written by ``opening`` in the
     award's own transaction. None when another closer was first.
 
@@ -127,13 +143,26 @@ def award_by_proxy(settings: Settings, app: Celery, rfp: Announcement,
     candidates' state, under its lock); a strategy that decides outside it (an LLM judge) gets
     them first, from histories cached while the nodes' versions on the bid board hold.
     """
-    if decides_at_once(strategy_of(settings, rfp)):
-        return award_made_inside(settings, rfp, answers_inside(settings, rfp, candidates),
-                                 candidates=len(candidates), opening=opening)
+    if decides_at_once(strategy_of(settings, announcement)):
+        return award_made_inside(
+            settings,
+            announcement,
+            answers_inside(settings, announcement, candidates),
+            candidates=len(candidates),
+            opening=opening,
+        )
     if opening is not None:
-        raise ValueError(f"strategy {rfp.strategy} decides outside the award's transaction: "
-                         "its announcement must be stored first")
+        raise ValueError(
+            f"strategy {announcement.strategy} decides outside the award's transaction: "
+            "its announcement must be stored first"
+        )
     versions = history_versions(settings, app, [n.name for n in candidates])
-    answers = proxy_answers(settings, rfp, candidates, versions=versions)
-    return award_answers(settings, rfp, answers, closed_by=PROXY_CLOSE,
-                         candidates=len(candidates), write=True)
+    answers = proxy_answers(settings, announcement, candidates, versions=versions)
+    return award_answers(
+        settings,
+        announcement,
+        answers,
+        closed_by=PROXY_CLOSE,
+        candidates=len(candidates),
+        write=True,
+    )

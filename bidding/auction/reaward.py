@@ -53,42 +53,85 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
     write lock (SQLite's is the whole federation's). A send that fails is marked undelivered and
     resent by a sweeper, as any other award's (``execution.dispatch.mark_undelivered``).
     """
-    rfp, attempt, node, state, reason, due_by = (lost.announcement, lost.attempt, lost.node,
-                                                 lost.state, lost.reason, lost.due_by)
-    policy = rfp.fallbacks.on_agent_offline
-    exclude = [*(n for n in rfp.exclude_nodes if n != node), node]
+    announcement, attempt, node, state, reason, due_by = (
+        lost.announcement,
+        lost.attempt,
+        lost.node,
+        lost.state,
+        lost.reason,
+        lost.due_by,
+    )
+    policy = announcement.fallbacks.on_agent_offline
+    exclude = [*(n for n in announcement.exclude_nodes if n != node), node]
     moved_to: str | None = None
-    nxt = rfp
+    nxt = announcement
     held = Expect(states=(state,), attempt=attempt, node=node, due_by=due_by)
     with write_session(settings.database_url) as session:
         if policy == "next_best":
-            moved_to = _next_best(session, rfp.task_id, attempt, set(exclude), live)
+            moved_to = _next_best(session, announcement.task_id, attempt, set(exclude), live)
         if moved_to is not None:
-            nxt = rfp.model_copy(update={"exclude_nodes": exclude})
-            ok = transition(session, rfp.task_id, states.ASSIGNED,
-                            Log(journal.REAWARDED, node=moved_to, at=now,
-                                detail={"from": node, "to": moved_to, "reason": reason}),
-                            held, assigned_node=moved_to, spec=nxt.model_dump(mode="json"),
-                            awarded_at=now, started_at=None,
-                            due_at=delivery_due(settings, nxt, now))
+            nxt = announcement.model_copy(update={"exclude_nodes": exclude})
+            ok = transition(
+                session,
+                announcement.task_id,
+                states.ASSIGNED,
+                Log(
+                    journal.REAWARDED,
+                    node=moved_to,
+                    at=now,
+                    detail={"from": node, "to": moved_to, "reason": reason},
+                ),
+                held,
+                assigned_node=moved_to,
+                spec=nxt.model_dump(mode="json"),
+                awarded_at=now,
+                started_at=None,
+                due_at=delivery_due(settings, nxt, now),
+            )
             if ok:
-                _lost_episode(session, rfp, attempt, node, reason, now)
+                _lost_episode(session, announcement, attempt, node, reason, now)
         elif policy == "fail":
-            ok = transition(session, rfp.task_id, states.FAILED,
-                            Log(journal.TASK_FAILED, detail={"error": reason}, at=now), held,
-                            error=reason, finished_at=now, due_at=None)
+            ok = transition(
+                session,
+                announcement.task_id,
+                states.FAILED,
+                Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
+                held,
+                error=reason,
+                finished_at=now,
+                due_at=None,
+            )
         else:
-            nxt = rfp.model_copy(update={"attempt": attempt + 1, "exclude_nodes": exclude,
-                                         "silent_rounds": 0,
-                                         "announced_at": now, "last_error": reason})
-            ok = transition(session, rfp.task_id, states.RETRYING,
-                            Log(journal.RETRYING, at=now, detail={
-                                "why": reason + "; no other bidder left, new auction",
-                                "next_attempt": attempt + 1, "delay_s": 0}),
-                            held, attempt=attempt + 1, spec=nxt.model_dump(mode="json"),
-                            due_at=now, assigned_node=None)
+            nxt = announcement.model_copy(
+                update={
+                    "attempt": attempt + 1,
+                    "exclude_nodes": exclude,
+                    "silent_rounds": 0,
+                    "announced_at": now,
+                    "last_error": reason,
+                }
+            )
+            ok = transition(
+                session,
+                announcement.task_id,
+                states.RETRYING,
+                Log(
+                    journal.RETRYING,
+                    at=now,
+                    detail={
+                        "why": reason + "; no other bidder left, new auction",
+                        "next_attempt": attempt + 1,
+                        "delay_s": 0,
+                    },
+                ),
+                held,
+                attempt=attempt + 1,
+                spec=nxt.model_dump(mode="json"),
+                due_at=now,
+                assigned_node=None,
+            )
         if ok and moved_to is None:
-            _lost_episode(session, rfp, attempt, node, reason, now)
+            _lost_episode(session, announcement, attempt, node, reason, now)
     if ok and moved_to is not None:
         events.reawarded(app, nxt, node, moved_to, exec_queue(moved_to), reason)
         try:
@@ -97,33 +140,55 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
             mark_undelivered(settings, nxt, moved_to, exc)
     elif ok and policy == "fail":
         # After the commit: errbacks may run here, and must not hold the write lock.
-        fail_caller(app, settings, rfp, NodeLostError(reason))
+        fail_caller(app, settings, announcement, NodeLostError(reason))
     return ok
 
 
-def _next_best(session: Any, task_id: str, attempt: int, exclude: set[str],
-               live: set[str]) -> str | None:
+def _next_best(
+    session: Any, task_id: str, attempt: int, exclude: set[str], live: set[str]
+) -> str | None:
     """The best-scored eligible bid of the same auction from a live node not excluded."""
     rows = session.execute(
-        select(BidRow.node, BidRow.score, BidRow.breakdown)
-        .where(BidRow.task_id == task_id, BidRow.attempt == attempt,
-               BidRow.will_bid.is_(True), BidRow.late.is_(False))
+        select(BidRow.node, BidRow.score, BidRow.breakdown).where(
+            BidRow.task_id == task_id,
+            BidRow.attempt == attempt,
+            BidRow.will_bid.is_(True),
+            BidRow.late.is_(False),
+        )
     ).all()
     ranked = sorted(
-        (r for r in rows if r.node not in exclude and r.node in live
-         and (r.breakdown or {}).get("eligible", True)),
+        (
+            r
+            for r in rows
+            if r.node not in exclude
+            and r.node in live
+            and (r.breakdown or {}).get("eligible", True)
+        ),
         key=lambda r: -(r.score if r.score is not None else -1.0),
     )
     return ranked[0].node if ranked else None
 
 
-def _lost_episode(session: Any, rfp: Announcement, attempt: int, node: str, reason: str,
-                  now: float) -> None:
+def _lost_episode(
+    session: Any, announcement: Announcement, attempt: int, node: str, reason: str, now: float
+) -> None:
     """The lost winner failed this attempt: it counts against its trust (once: it may have run
     and failed, or another sweep got there first), not its experience of the task type (a
     worker killed or restarted under it is no verdict on the work: counted there, a few kills
     drove every node's learned confidence under min_confidence in the chaos soak)."""
-    record_episode(session, {
-        "task_id": rfp.task_id, "attempt": attempt, "node": node, "task_type": rfp.task_type,
-        "skills": list(rfp.required_skills), "success": False, "duration_s": 0.0, "cost": 0.0,
-        "error": reason, "finished_at": now, "lost": True})
+    record_episode(
+        session,
+        {
+            "task_id": announcement.task_id,
+            "attempt": attempt,
+            "node": node,
+            "task_type": announcement.task_type,
+            "skills": list(announcement.required_skills),
+            "success": False,
+            "duration_s": 0.0,
+            "cost": 0.0,
+            "error": reason,
+            "finished_at": now,
+            "lost": True,
+        },
+    )

@@ -64,17 +64,17 @@ class Failed(Enum):
     RECORDED = "recorded"
 
 
-def fail_unrecorded(settings: Settings, app: Celery, rfp: Announcement,
+def fail_unrecorded(settings: Settings, app: Celery, announcement: Announcement,
                     candidates: Sequence[str], reason: str) -> Failed:
-    """End ``rfp``'s task FAILED with ``reason`` in the store and fail its caller's result.
+    """End ``announcement``'s task FAILED with ``reason`` in the store and fail its caller's result.
 
     The row is the announcement's, in state FAILED with a TASK_FAILED message; if the store
     refuses that too (the refused value is in the announcement), a bare one (the task's id,
     name and type). Its ``report_due`` makes a sweeper write the failure to the result backend
     should this process die before it does. Raises when the store cannot be reached (the
     caller tries again later), not when it refuses even the bare row (logged)."""
-    error = NotRecordedError(f"task {rfp.task_id} was not recorded: {reason}")
-    for row in (rfp, _bare(rfp)):
+    error = NotRecordedError(f"task {announcement.task_id} was not recorded: {reason}")
+    for row in (announcement, _bare(announcement)):
         try:
             if not _write_failed(settings, row, list(candidates), error):
                 return Failed.RECORDED
@@ -82,35 +82,48 @@ def fail_unrecorded(settings: Settings, app: Celery, rfp: Announcement,
         except Exception as exc:
             if not refuses(exc):
                 raise
-            logger.warning("task %s: the store refused its FAILED row (%s)", rfp.task_id,
+            logger.warning("task %s: the store refused its FAILED row (%s)", announcement.task_id,
                            reason_of(exc))
     else:
         logger.error("task %s: the store refused even a bare FAILED row; only its caller is "
-                     "told (%s)", rfp.task_id, reason)
-    logger.error("task %s failed: %s", rfp.task_id, reason)
+                     "told (%s)", announcement.task_id, reason)
+    logger.error("task %s failed: %s", announcement.task_id, reason)
     try:
-        fail_caller(app, settings, rfp, error)
+        fail_caller(app, settings, announcement, error)
     except Exception as exc:  # its row's report_due still reaches the caller
-        logger.warning("task %s: failing its caller's result failed (%s)", rfp.task_id,
+        logger.warning("task %s: failing its caller's result failed (%s)", announcement.task_id,
                        reason_of(exc))
     return Failed.FAILED
 
 
-def _bare(rfp: Announcement) -> Announcement:
-    """The least of ``rfp`` that makes a row: its id, name and type, nothing the caller gave."""
-    return Announcement(task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
-                        announced_at=rfp.announced_at)
+def _bare(announcement: Announcement) -> Announcement:
+    """The least of ``announcement`` that makes a row: its id, name and type, nothing the caller
+    gave."""
+    return Announcement(
+        task_id=announcement.task_id,
+        task_name=announcement.task_name,
+        task_type=announcement.task_type,
+        announced_at=announcement.announced_at,
+    )
 
 
-def _write_failed(settings: Settings, rfp: Announcement, candidates: list[str],
-                  error: NotRecordedError) -> bool:
-    """Write ``rfp``'s row in state FAILED with ``error``; False when a row was there."""
+def _write_failed(
+    settings: Settings, announcement: Announcement, candidates: list[str], error: NotRecordedError
+) -> bool:
+    """Write ``announcement``'s row in state FAILED with ``error``; False when a row was there."""
     now = clock.now()
     with write_session(settings.database_url) as session:
-        if not record_new(session, rfp, candidates, once=True):
+        if not record_new(session, announcement, candidates, once=True):
             return False
-        transition(session, rfp.task_id, states.FAILED,
-                   Log(journal.TASK_FAILED, detail={"error": str(error)}),
-                   Expect(states=(states.BIDDING,), attempt=rfp.attempt), error=str(error),
-                   finished_at=now, result=exception_json(error), report_due=now + REPORT_BACKOFF)
+        transition(
+            session,
+            announcement.task_id,
+            states.FAILED,
+            Log(journal.TASK_FAILED, detail={"error": str(error)}),
+            Expect(states=(states.BIDDING,), attempt=announcement.attempt),
+            error=str(error),
+            finished_at=now,
+            result=exception_json(error),
+            report_due=now + REPORT_BACKOFF,
+        )
     return True

@@ -83,34 +83,34 @@ def fit(value: Any, budget: int) -> tuple[Any, int] | None:
     return None
 
 
-def bidder_view(rfp: Announcement, limit: int) -> tuple[Announcement, bool]:
-    """``rfp`` as a bid request shows it to a node's bidder, and whether that is all of it
+def bidder_view(announcement: Announcement, limit: int) -> tuple[Announcement, bool]:
+    """``announcement`` as a bid request shows it to a node's bidder, and whether that is all of it
     (False: fields were hidden or cut, and the awarder must read the announcement from the
     store)."""
     update: dict[str, Any] = {}
-    canvas = rfp.canvas
+    canvas = announcement.canvas
     if any(getattr(canvas, name) is not None for name in CANVAS_SIGNATURES):
         update["canvas"] = canvas.model_copy(update=dict.fromkeys(CANVAS_SIGNATURES))
     for name, empty in HIDDEN.items():
-        if getattr(rfp, name) != empty:
+        if getattr(announcement, name) != empty:
             update[name] = empty
     truncated: dict[str, int] = {}
-    if len(rfp.content) > limit:
-        truncated["content"] = len(rfp.content)
-        update["content"] = rfp.content[:limit]
-    args_size, kwargs_size = _size(rfp.args), _size(rfp.kwargs)
+    if len(announcement.content) > limit:
+        truncated["content"] = len(announcement.content)
+        update["content"] = announcement.content[:limit]
+    args_size, kwargs_size = _size(announcement.args), _size(announcement.kwargs)
     if args_size + kwargs_size > limit:
         # The args first (a task's main input, usually), then the kwargs in what is left.
-        args, used = fit(rfp.args, limit - 2) or ([], 2)
-        kwargs, _ = fit(rfp.kwargs, limit - used) or ({}, 2)
-        if args != rfp.args:
+        args, used = fit(announcement.args, limit - 2) or ([], 2)
+        kwargs, _ = fit(announcement.kwargs, limit - used) or ({}, 2)
+        if args != announcement.args:
             truncated["args"] = args_size
             update["args"] = args
-        if kwargs != rfp.kwargs:
+        if kwargs != announcement.kwargs:
             truncated["kwargs"] = kwargs_size
             update["kwargs"] = kwargs
     if truncated:
         update["truncated"] = truncated
     if not update:
-        return rfp, True
-    return rfp.model_copy(update=update), False
+        return announcement, True
+    return announcement.model_copy(update=update), False

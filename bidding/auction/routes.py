@@ -225,7 +225,7 @@ def _send_requests(auction: Auction, plan: AuctionPlan) -> None:
                                     auction.nodes(plan.proxied), expected)
         if posted.complete:  # not before the asked ones answer; never left open regardless
             close_auction(settings, app, announcement.task_id, announcement.attempt,
-                          closed_by="all bids in", rfp=announcement, candidates=expected)
+                          closed_by="all bids in", announcement=announcement, candidates=expected)
             return
     request_bids(settings, app, announcement, plan.asked, expected=expected)
 

@@ -22,7 +22,7 @@ from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import read_session
 from bidding.store.outage import outlasting
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 T = TypeVar("T")
 

@@ -38,8 +38,7 @@ from bidding.nodes.incarnation import Ended, end_stale, live_slots
 from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode, Message, Node, Worker
+from bidding.store.schema import AnnouncementRow, Episode, Message, Node, Worker
 
 logger = logging.getLogger(__name__)
 
@@ -178,11 +177,11 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
     """Re-place or resend one task found lost, late or undelivered; 1 when it moved."""
     task_id, attempt, node, state, spec, awarded_at, worker, boot = row[:8]
     now = seen.now
-    rfp = Announcement.model_validate(spec)
+    announcement = Announcement.model_validate(spec)
     dead = node not in seen.alive
     if not dead and state == states.ASSIGNED:
         last = seen.delivery.get(task_id)
-        limit = start_by(settings, rfp, now)
+        limit = start_by(settings, announcement, now)
         if last in _RESEND_AFTER or limit is None:
             # The node is not to blame: send it again. Without a start deadline the task was
             # due for a delivery check: its message may have been lost (the process that
@@ -190,7 +189,7 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
             why = _RESEND_AFTER.get(last or "") or (
                 f"not started {now - (awarded_at or now):.0f}s after its award; "
                 "sent again in case its message was lost")
-            return int(resend(settings, app, Winner(rfp, attempt, node), now, why,
+            return int(resend(settings, app, Winner(announcement, attempt, node), now, why,
                               awarded_at or now))
         clock = _start_clock(settings, node, now)
         wait = limit - now  # the schedule-to-start timeout
@@ -211,7 +210,7 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
                   f"worker {worker} of node {node} stopped heartbeating")
     else:
         reason = f"node {node} did not start the task in time"
-    lost = LostWinner(rfp, attempt, node, state, reason,
+    lost = LostWinner(announcement, attempt, node, state, reason,
                       due_by=now if state == states.ASSIGNED and not dead else None)
     if not replace_winner(settings, app, lost, seen.live, now):
         return 0
@@ -302,18 +301,18 @@ def resend(settings: Settings, app: Celery, winner: Winner, now: float,
     after the backoff. A sweeper that dies after sending and before logging leaves the task
     due when the lease runs out, and it is sent again; a node holding two copies runs one
     (``execution.begin``)."""
-    rfp, attempt, node = winner.announcement, winner.attempt, winner.node
+    announcement, attempt, node = winner.announcement, winner.attempt, winner.node
     lease = now + RESEND_BACKOFF
     with write_session(settings.database_url) as session:
         taken = cast(CursorResult[Any], session.execute(_LEASE, {
-            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_now": now,
+            "b_task": announcement.task_id, "b_attempt": attempt, "b_node": node, "b_now": now,
             "b_lease": lease}))
         if taken.rowcount != 1:
             return False  # another sweeper has it, or it moved on
     try:
-        send_execution(app, rfp, node, settings)
+        send_execution(app, announcement, node, settings)
     except Exception as exc:
-        mark_undelivered(settings, rfp, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
+        mark_undelivered(settings, announcement, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
         return False
     sent = clock.now()
     with write_session(settings.database_url) as session:
@@ -321,12 +320,20 @@ def resend(settings: Settings, app: Celery, winner: Winner, now: float,
         # clock starts now, unless the node took the task or another sweeper took the lease.
         waited = sent - (awarded_at if awarded_at is not None else sent)
         released = cast(CursorResult[Any], session.execute(_RELEASE, {
-            "b_task": rfp.task_id, "b_attempt": attempt, "b_node": node, "b_lease": lease,
-            "b_due": delivery_due(settings, rfp, sent, waited)})).rowcount == 1
+            "b_task": announcement.task_id, "b_attempt": attempt, "b_node": node, "b_lease": lease,
+            "b_due": delivery_due(settings, announcement, sent, waited)})).rowcount == 1
         # Not if another sweeper took the task over meanwhile (this send outlasted the lease):
         # RESENT after its SEND_FAILED would make the task look delivered.
-        if released or session.scalar(_STATE, {"task_id": rfp.task_id}) != states.ASSIGNED:
-            journal.record(session, rfp.task_id, journal.RESENT, node=node, attempt=attempt,
-                           at=sent, queue=exec_queue(node), why=why)
-    logger.info("task %s: sent again to %s (%s)", rfp.task_id, exec_queue(node), why)
+        if released or session.scalar(_STATE, {"task_id": announcement.task_id}) != states.ASSIGNED:
+            journal.record(
+                session,
+                announcement.task_id,
+                journal.RESENT,
+                node=node,
+                attempt=attempt,
+                at=sent,
+                queue=exec_queue(node),
+                why=why,
+            )
+    logger.info("task %s: sent again to %s (%s)", announcement.task_id, exec_queue(node), why)
     return True

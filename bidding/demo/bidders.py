@@ -14,11 +14,11 @@ from bidding import Announcement, Bid, BidResponse
 MAX_WORDS = 10
 
 
-def short_documents_only(rfp: Announcement, draft: Bid) -> BidResponse | None:
+def short_documents_only(announcement: Announcement, draft: Bid) -> BidResponse | None:
     """Refuse documents over ``MAX_WORDS`` words; say how a short one would be handled."""
-    if rfp.task_type not in ("nlp_analysis", "summarize"):
+    if announcement.task_type not in ("nlp_analysis", "summarize"):
         return None  # the built-in bid stands
-    text = " ".join(a for a in rfp.args if isinstance(a, str))
+    text = " ".join(a for a in announcement.args if isinstance(a, str))
     words = len(text.split())
     if words > MAX_WORDS:
         return BidResponse(

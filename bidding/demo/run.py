@@ -77,7 +77,7 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
     """Print each auction as it closes (task, bids with scores, winner, assignment latency),
     each attempt that fails on its node, and each retry with its reason."""
     from bidding.store import read_session
-    from bidding.store.schema import Announcement, BidRow, Message
+    from bidding.store.schema import AnnouncementRow, BidRow, Message
 
     last = 0
     while not stop.is_set():
@@ -88,7 +88,7 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
             ).all()
             for m in rows:
                 last = m.id
-                ann = session.get(Announcement, m.task_id)
+                ann = session.get(AnnouncementRow, m.task_id)
                 label = names.get(m.task_id, ann.task_type if ann else "?")
                 detail = m.detail or {}
                 if m.kind == "RETRYING":

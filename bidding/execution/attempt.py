@@ -35,7 +35,7 @@ from bidding.lifecycle.transition import Expect, Log, Step, apply, apply_alone, 
 from bidding.models import Announcement
 from bidding.store import statement_session, write_session
 from bidding.store.engine import is_sqlite
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
@@ -135,24 +135,32 @@ def _begin_in_transaction(b: _Begin) -> Running:
                 start = Start.REDELIVERED
             else:
                 start = Start.DUPLICATE
-        rfp = Announcement.model_validate(spec)  # a bad spec rolls the transition back
-    return Running(task_id, attempt, node, start, rfp, b.price_per_unit, began=time.monotonic())
+        announcement = Announcement.model_validate(spec)  # a bad spec rolls the transition back
+    return Running(task_id, attempt, node, start, announcement, b.price_per_unit,
+                   began=time.monotonic())
 
 
-def _unreadable(settings: Settings, task_id: str, attempt: int, node: str, now: float,
-                exc: ValidationError) -> None:
+def _unreadable(
+    settings: Settings, task_id: str, attempt: int, node: str, now: float, exc: ValidationError
+) -> None:
     """The attempt on ``node`` is FAILED: its stored announcement does not validate here (a
     newer announcer's, say), so it cannot run here; the caller gets the error. (A begin that
     committed in one statement cannot roll back; before that, a transaction's rollback left
     the task ASSIGNED to a node that could not run it, for the watchdogs to resend to it.)"""
     problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]
-    reason = (f"its announcement cannot be read on node {node} "
-              f"({exc.error_count()} problem(s): {'; '.join(problems[:3])})")
+    reason = (
+        f"its announcement cannot be read on node {node} "
+        f"({exc.error_count()} problem(s): {'; '.join(problems[:3])})"
+    )
     logger.error("task %s: %s", task_id, reason)
     with write_session(settings.database_url) as session:
-        transition(session, task_id, states.FAILED,
-                   Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
-                   Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
-                   error=reason, finished_at=now, result=exception_json(exc))
-
-
+        transition(
+            session,
+            task_id,
+            states.FAILED,
+            Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
+            Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
+            error=reason,
+            finished_at=now,
+            result=exception_json(exc),
+        )

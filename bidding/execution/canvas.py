@@ -77,13 +77,24 @@ def message_options(canvas: CanvasOptions) -> dict[str, Any]:
             "chord": canvas.chord, "root_id": canvas.root_id, "parent_id": canvas.parent_id}
 
 
-def caller_request(rfp: Announcement) -> Context:
-    """The request a worker would have had for ``rfp``, for the result backend's failure
+def caller_request(announcement: Announcement) -> Context:
+    """The request a worker would have had for ``announcement``, for the result backend's failure
     handling (errbacks, the chain after it, its chord)."""
-    canvas = rfp.canvas
-    return Context(id=rfp.task_id, task=rfp.task_name, args=rfp.args, kwargs=rfp.kwargs,
-                   callbacks=canvas.callbacks, errbacks=canvas.errbacks, chain=canvas.chain,
-                   group=canvas.group_id, group_index=canvas.group_index, chord=canvas.chord,
-                   root_id=canvas.root_id or rfp.task_id, parent_id=canvas.parent_id,
-                   delivery_info={}, hostname=None, ignore_result=False)
-
+    canvas = announcement.canvas
+    return Context(
+        id=announcement.task_id,
+        task=announcement.task_name,
+        args=announcement.args,
+        kwargs=announcement.kwargs,
+        callbacks=canvas.callbacks,
+        errbacks=canvas.errbacks,
+        chain=canvas.chain,
+        group=canvas.group_id,
+        group_index=canvas.group_index,
+        chord=canvas.chord,
+        root_id=canvas.root_id or announcement.task_id,
+        parent_id=canvas.parent_id,
+        delivery_info={},
+        hostname=None,
+        ignore_result=False,
+    )

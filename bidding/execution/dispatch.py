@@ -32,54 +32,74 @@ ATTEMPT_HEADER = "bidding_attempt"
 NODE_HEADER = "bidding_node"
 
 
-def mark_undelivered(settings: Settings, rfp: Announcement, node: str, exc: BaseException,
+def mark_undelivered(settings: Settings, announcement: Announcement, node: str, exc: BaseException,
                      now: float | None = None, retry_in: float = 0.0,
                      lease: float | None = None) -> bool:
-    """Log that ``rfp``'s execution never reached ``node`` (SEND_FAILED) and make the task due
-    in ``retry_in`` seconds, so that a sweep then sends it again (``sweeper.resend``). With a
-    resender's ``lease``, only while it still holds it. False when the task moved on meanwhile
-    or the store could not be written either (then the error is logged; the task's delivery
-    check or schedule-to-start deadline, set with its award, still comes)."""
+    """Log that the announcement's execution never reached ``node`` (SEND_FAILED) and make the
+    task due in ``retry_in`` seconds, so that a sweep then sends it again (``sweeper.resend``).
+    With a resender's ``lease``, only while it still holds it. False when the task moved on
+    meanwhile or the store could not be written either (then the error is logged; the task's
+    delivery check or schedule-to-start deadline, set with its award, still comes)."""
     now = clock.now() if now is None else now
     error = f"{type(exc).__name__}: {exc}"
-    logger.error("task %s: sending it to %s failed (%s); a sweeper will send it again",
-                 rfp.task_id, exec_queue(node), error)
+    logger.error(
+        "task %s: sending it to %s failed (%s); a sweeper will send it again",
+        announcement.task_id,
+        exec_queue(node),
+        error,
+    )
     try:
         with write_session(settings.database_url) as session:
-            return transition(session, rfp.task_id, states.ASSIGNED,
-                              Log(journal.SEND_FAILED, node=node, at=now, detail={
-                                  "error": error, "queue": exec_queue(node),
-                                  "retry_in_s": retry_in}),
-                              Expect(states=(states.ASSIGNED,), attempt=rfp.attempt, node=node,
-                                     due_by=lease),
-                              due_at=now + retry_in)
+            return transition(
+                session,
+                announcement.task_id,
+                states.ASSIGNED,
+                Log(
+                    journal.SEND_FAILED,
+                    node=node,
+                    at=now,
+                    detail={"error": error, "queue": exec_queue(node), "retry_in_s": retry_in},
+                ),
+                Expect(
+                    states=(states.ASSIGNED,),
+                    attempt=announcement.attempt,
+                    node=node,
+                    due_by=lease,
+                ),
+                due_at=now + retry_in,
+            )
     except Exception:
-        logger.exception("task %s: could not record the failed send either", rfp.task_id)
+        logger.exception("task %s: could not record the failed send either", announcement.task_id)
         return False
 
 
-def delivery_due(settings: Settings, rfp: Announcement, at: float,
-                 waited: float = 0.0) -> float | None:
+def delivery_due(
+    settings: Settings, announcement: Announcement, at: float, waited: float = 0.0
+) -> float | None:
     """When a sweeper next looks at a task awarded (or sent) at ``at`` and not started: its
     schedule-to-start deadline, or without one a delivery check ``bidding_delivery_check_seconds``
     later, or as long as it has ``waited`` already (so the checks of a task that waits in a
     long queue thin out)."""
-    deadline = start_by(settings, rfp, at)
+    deadline = start_by(settings, announcement, at)
     if deadline is not None or settings.delivery_check_seconds <= 0:
         return deadline
     return at + max(settings.delivery_check_seconds, waited)
 
 
-def start_by(settings: Settings, rfp: Announcement, awarded_at: float) -> float | None:
+def start_by(settings: Settings, announcement: Announcement, awarded_at: float) -> float | None:
     """When the winner must have started the task (schedule-to-start), or None for no limit."""
     # The task's own (its announcer's default is kept with it), 0 meaning no limit.
-    limit = (rfp.schedule_to_start_timeout if rfp.schedule_to_start_timeout is not None
-             else settings.schedule_to_start_timeout)
+    limit = (
+        announcement.schedule_to_start_timeout
+        if announcement.schedule_to_start_timeout is not None
+        else settings.schedule_to_start_timeout
+    )
     return awarded_at + limit if limit else None
 
 
-def send_execution(app: Celery, rfp: Announcement, node: str,
-                   settings: Settings | None = None) -> None:
+def send_execution(
+    app: Celery, announcement: Announcement, node: str, settings: Settings | None = None
+) -> None:
     """Send the task itself to ``exec.<node>`` under the id ``.delay()`` returned.
 
     ``timeout_seconds`` becomes the soft time limit (the body sees SoftTimeLimitExceeded and the
@@ -88,21 +108,35 @@ def send_execution(app: Celery, rfp: Announcement, node: str,
     # No ``expires`` for the deadline: Celery would revoke a late message without a word to the
     # store. BiddingTask checks the deadline as the attempt begins and fails the task, saying why.
     soft = hard = None
-    if rfp.timeout_seconds:
+    if announcement.timeout_seconds:
         grace = settings.hard_timeout_grace if settings is not None else 5.0
-        soft = rfp.timeout_seconds
-        hard = rfp.timeout_seconds + max(grace, 0.1)
+        soft = announcement.timeout_seconds
+        hard = announcement.timeout_seconds + max(grace, 0.1)
     # app.send_task minus its result bookkeeping: with a Redis result backend it subscribes this
     # process to the task's result channel and unsubscribes when the AsyncResult is collected,
     # two round trips (and a result message to drop later) for a process that never waits on
     # the result. The message, its headers, signals and the task-sent event are Celery's own.
     amqp = app.amqp
     message = amqp.create_task_message(
-        rfp.task_id, rfp.task_name, rfp.args, rfp.kwargs, time_limit=hard, soft_time_limit=soft,
-        create_sent_event=bool(app.conf.task_send_sent_event), reply_to=app.thread_oid,
+        announcement.task_id,
+        announcement.task_name,
+        announcement.args,
+        announcement.kwargs,
+        time_limit=hard,
+        soft_time_limit=soft,
+        create_sent_event=bool(app.conf.task_send_sent_event),
+        reply_to=app.thread_oid,
         # Celery's own count, which self.retry() checks against max_retries.
-        retries=rfp.attempt - 1, **message_options(rfp.canvas))
+        retries=announcement.attempt - 1,
+        **message_options(announcement.canvas),
+    )
     queue = exec_queue(node)
     with app.producer_or_acquire() as producer:
-        amqp.send_task_message(producer, rfp.task_name, message, queue=queue, routing_key=queue,
-                               headers={ATTEMPT_HEADER: rfp.attempt, NODE_HEADER: node})
+        amqp.send_task_message(
+            producer,
+            announcement.task_name,
+            message,
+            queue=queue,
+            routing_key=queue,
+            headers={ATTEMPT_HEADER: announcement.attempt, NODE_HEADER: node},
+        )

@@ -20,7 +20,7 @@ from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +51,15 @@ def unrunnable(settings: Settings, task_id: str, attempt: int, node: str, reason
         row = session.get(AnnouncementRow, task_id)
         if row is None or row.attempt != attempt or row.assigned_node != node:
             return None
-        rfp = Announcement.model_validate(row.spec)
-        run = Running(task_id, attempt, node, Start.FIRST, rfp, began=time.monotonic())
+        announcement = Announcement.model_validate(row.spec)
+        run = Running(task_id, attempt, node, Start.FIRST, announcement, began=time.monotonic())
         failed = transition(session, task_id, states.FAILED,
                             Log(journal.TASK_FAILED, detail={"error": reason}, at=now),
                             Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
                             error=reason, finished_at=now, due_at=None, result=exception_json(exc))
         if failed:
             episode(session, run, success=False, now=now, cost=0.0, error=reason)
-    return rfp if failed else None
+    return announcement if failed else None
 
 
 def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
@@ -76,8 +76,8 @@ def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
         if row is None or row.state != states.EXECUTING or row.assigned_node is None:
             return None
         node = row.assigned_node
-        rfp = Announcement.model_validate(row.spec)
-        run = Running(task_id, row.attempt, node, Start.FIRST, rfp,
+        announcement = Announcement.model_validate(row.spec)
+        run = Running(task_id, row.attempt, node, Start.FIRST, announcement,
                       began=time.monotonic() - (now - (row.started_at or now)))
         episode(session, run, success=False, now=now, cost=0.0, error=error)
         failed = transition(session, task_id, states.FAILED,
@@ -92,38 +92,59 @@ def retry_requested(settings: Settings, run: Running, delay: float,
                     kwargs: Mapping[str, Any] | None = None) -> bool:
     """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds,
     with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise)."""
-    if run.rfp is None:
+    if run.announcement is None:
         return False
     now = clock.now()
-    rfp = run.rfp
-    update: dict[str, Any] = {"attempt": rfp.attempt + 1, "failures": rfp.failures + 1,
-                              "silent_rounds": 0,
-                              "exclude_nodes": retry_exclusions(rfp, run.node),
-                              "announced_at": now}
+    announcement = run.announcement
+    update: dict[str, Any] = {
+        "attempt": announcement.attempt + 1,
+        "failures": announcement.failures + 1,
+        "silent_rounds": 0,
+        "exclude_nodes": retry_exclusions(announcement, run.node),
+        "announced_at": now,
+    }
     if args is not None:
         update["args"] = list(args)
     if kwargs is not None:
         update["kwargs"] = dict(kwargs)
-    nxt = rfp.model_copy(update=update)
+    nxt = announcement.model_copy(update=update)
     with write_session(settings.database_url) as session:
         return to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
 
 
-def report_progress(settings: Settings, run: Running, current: float, total: float,
-                    note: str) -> dict[str, Any]:
+def report_progress(
+    settings: Settings, run: Running, current: float, total: float, note: str
+) -> dict[str, Any]:
     """Record a PROGRESS_UPDATE (AITP 5.3) and return the progress as stored."""
     percent = round(100.0 * current / total, 1) if total else None
-    progress = {"current": current, "total": total, "percent": percent, "note": note,
-                "node": run.node, "attempt": run.attempt, "at": clock.now()}
+    progress = {
+        "current": current,
+        "total": total,
+        "percent": percent,
+        "note": note,
+        "node": run.node,
+        "attempt": run.attempt,
+        "at": clock.now(),
+    }
     with write_session(settings.database_url) as session:
         session.execute(
             update(AnnouncementRow)
-            .where(AnnouncementRow.task_id == run.task_id,
-                   AnnouncementRow.attempt == run.attempt,
-                   AnnouncementRow.state == states.EXECUTING)
+            .where(
+                AnnouncementRow.task_id == run.task_id,
+                AnnouncementRow.attempt == run.attempt,
+                AnnouncementRow.state == states.EXECUTING,
+            )
             .values(progress=progress)
         )
-        journal.record(session, run.task_id, journal.PROGRESS_UPDATE, node=run.node,
-                       attempt=run.attempt, current=current, total=total, percent=percent,
-                       note=note)
+        journal.record(
+            session,
+            run.task_id,
+            journal.PROGRESS_UPDATE,
+            node=run.node,
+            attempt=run.attempt,
+            current=current,
+            total=total,
+            percent=percent,
+            note=note,
+        )
     return progress

@@ -38,8 +38,8 @@ def charge_and_record(session: Session, run: Running, *, success: bool, now: flo
                        error: str | None) -> float:
     """Write this attempt's ledger entry and its outcome (each once: a redelivered attempt
     keeps the first); returns its cost."""
-    assert run.rfp is not None
-    units = run.rfp.units if run.units is None else run.units
+    assert run.announcement is not None
+    units = run.announcement.units if run.units is None else run.units
     charge = ledger.entry(task_id=run.task_id, attempt=run.attempt, node=run.node,
                           units=units, price_per_unit=run.price_per_unit, at=now)
     record_attempt(session, charge, _outcome(run, success=success, now=now,
@@ -50,18 +50,26 @@ def charge_and_record(session: Session, run: Running, *, success: bool, now: flo
 def _outcome(run: Running, *, success: bool, now: float, cost: float,
              error: str | None) -> dict[str, Any]:
     """The attempt's episode row."""
-    assert run.rfp is not None
-    return {"task_id": run.task_id, "attempt": run.attempt, "node": run.node,
-            "task_type": run.rfp.task_type, "skills": list(run.rfp.required_skills),
-            "success": success, "duration_s": time.monotonic() - run.began, "cost": cost,
-            "error": error, "finished_at": now}
+    assert run.announcement is not None
+    return {
+        "task_id": run.task_id,
+        "attempt": run.attempt,
+        "node": run.node,
+        "task_type": run.announcement.task_type,
+        "skills": list(run.announcement.required_skills),
+        "success": success,
+        "duration_s": time.monotonic() - run.began,
+        "cost": cost,
+        "error": error,
+        "finished_at": now,
+    }
 
 
-def episode(session: Session, run: Running, *, success: bool, now: float,
-             cost: float, error: str | None) -> None:
+def episode(
+    session: Session, run: Running, *, success: bool, now: float, cost: float, error: str | None
+) -> None:
     """Record the attempt's outcome (once: a redelivered attempt keeps the first)."""
-    record_attempt(session, None, _outcome(run, success=success, now=now, cost=cost,
-                                           error=error))
+    record_attempt(session, None, _outcome(run, success=success, now=now, cost=cost, error=error))
 
 
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:
@@ -70,52 +78,65 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
     The two transitions are one UPDATE (``transition.apply``), logged as two messages. Tried
     again on the same ``run`` after its commit landed, it returns the verdict stored then.
     """
-    if run.rfp is None:
+    if run.announcement is None:
         return Verdict()
     now, again = _end_time(run)
     if again and (landed := _landed(settings, run, now)) is not None:
         return landed
-    rfp = run.rfp
-    budget = rfp.budget
-    invalid = _schema_error(rfp.output_schema, result)  # pure: outside the write lock
+    announcement = run.announcement
+    budget = announcement.budget
+    invalid = _schema_error(announcement.output_schema, result)  # pure: outside the write lock
     if invalid is None and not _is_json(result):
         # Celery could not send it either (JSON only): fail it here, saying why, rather than
         # store a success the caller never gets.
-        invalid = (f"result is not JSON serializable ({type(result).__name__}); "
-                   "celery-bidding sends JSON only")
+        invalid = (
+            f"result is not JSON serializable ({type(result).__name__}); "
+            "celery-bidding sends JSON only"
+        )
     if invalid is None:
         # Python's json writes NaN anyway; the store (PostgreSQL refuses it) and every
         # reader after Celery's own (null elsewhere) would not agree on the value.
         invalid = non_json_number(result, "result")
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost = charge_and_record(session, run, success=invalid is None, now=now,
-                                  error=invalid)
+        cost = charge_and_record(session, run, success=invalid is None, now=now, error=invalid)
         # The ledger's sum matters only against a budget (the entry itself is always written).
         spent = ledger.spent(session, run.task_id) if budget is not None else 0.0
-        done = Step(states.COMPLETED, Log(journal.TASK_COMPLETED, detail={"cost": cost}),
-                    values={"finished_at": now})
+        done = Step(
+            states.COMPLETED,
+            Log(journal.TASK_COMPLETED, detail={"cost": cost}),
+            values={"finished_at": now},
+        )
         if budget is not None and spent > budget + BUDGET_EPSILON:
             reason = f"spent {spent:.4f} of budget {budget:.4f}"
             over = (budget, spent)
             error: BaseException = CostExceededError(f"task {run.task_id}: {reason}")
             verdict = Verdict(error=error)
-            then = Step(states.FAILED, Log(journal.COST_EXCEEDED, run.node,
-                                           {"budget": budget, "spent": spent}),
-                        {"error": reason, "result": exception_json(error)})
+            then = Step(
+                states.FAILED,
+                Log(journal.COST_EXCEEDED, run.node, {"budget": budget, "spent": spent}),
+                {"error": reason, "result": exception_json(error)},
+            )
         elif invalid is not None:
             error = OutputValidationError(invalid)
             verdict = Verdict(error=error)
-            then = Step(states.FAILED, Log(journal.OUTPUT_INVALID, run.node, {"error": invalid}),
-                        {"error": invalid, "result": exception_json(error)})
+            then = Step(
+                states.FAILED,
+                Log(journal.OUTPUT_INVALID, run.node, {"error": invalid}),
+                {"error": invalid, "result": exception_json(error)},
+            )
         else:
             # The result is kept with the task: the store is what the caller's result is
             # written from again if the backend's first write fails (execution.report).
-            then = Step(states.SUCCESS, Log(journal.TASK_SUCCEEDED, run.node),
-                        values={"result": value_json(result)})
+            then = Step(
+                states.SUCCESS,
+                Log(journal.TASK_SUCCEEDED, run.node),
+                values={"result": value_json(result)},
+            )
             verdict = Verdict()
-        if not apply(session, run.task_id, (done, then),
-                     Expect(attempt=run.attempt, node=run.node), at=now).moved:
+        if not apply(
+            session, run.task_id, (done, then), Expect(attempt=run.attempt, node=run.node), at=now
+        ).moved:
             return Verdict()
     if over is not None:
         notify_cost(settings, run, *over)
@@ -125,8 +146,13 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
 #: The messages that end an attempt on its node, the last one of its end saying its verdict
 #: (``fail`` logs TASK_FAILED, then RETRYING when it retries; ``complete`` TASK_COMPLETED,
 #: then one of the others).
-_ENDINGS: tuple[str, ...] = (journal.TASK_SUCCEEDED, journal.OUTPUT_INVALID,
-                             journal.COST_EXCEEDED, journal.TASK_FAILED, journal.RETRYING)
+_ENDINGS: tuple[str, ...] = (
+    journal.TASK_SUCCEEDED,
+    journal.OUTPUT_INVALID,
+    journal.COST_EXCEEDED,
+    journal.TASK_FAILED,
+    journal.RETRYING,
+)
 
 
 def _end_time(run: Running) -> tuple[float, bool]:
@@ -144,19 +170,27 @@ def _landed(settings: Settings, run: Running, now: float) -> Verdict | None:
     with read_session(settings.database_url) as session:
         found = session.execute(
             select(Message.kind, Message.detail)
-            .where(Message.task_id == run.task_id, Message.node == run.node,
-                   Message.at == now, Message.kind.in_(_ENDINGS))
-            .order_by(Message.id.desc()).limit(1)).first()
+            .where(
+                Message.task_id == run.task_id,
+                Message.node == run.node,
+                Message.at == now,
+                Message.kind.in_(_ENDINGS),
+            )
+            .order_by(Message.id.desc())
+            .limit(1)
+        ).first()
         if found is None:
             return None
         verdict = stored_verdict(run.task_id, found.kind, found.detail)
-        spent = (ledger.spent(session, run.task_id)
-                 if found.kind == journal.COST_EXCEEDED else 0.0)
-    logger.info("task %s: its outcome was stored before the connection was lost (%s)",
-                run.task_id, found.kind)
-    if found.kind == journal.COST_EXCEEDED and run.rfp is not None:
+        spent = ledger.spent(session, run.task_id) if found.kind == journal.COST_EXCEEDED else 0.0
+    logger.info(
+        "task %s: its outcome was stored before the connection was lost (%s)",
+        run.task_id,
+        found.kind,
+    )
+    if found.kind == journal.COST_EXCEEDED and run.announcement is not None:
         # The first try lost its connection at the commit, before it could notify.
-        notify_cost(settings, run, run.rfp.budget or 0.0, spent)
+        notify_cost(settings, run, run.announcement.budget or 0.0, spent)
     return verdict
 
 
@@ -170,8 +204,9 @@ def stored_verdict(task_id: str, kind: str, detail: Mapping[str, Any]) -> Verdic
         return Verdict(error=OutputValidationError(str(detail["error"])))
     if kind == journal.COST_EXCEEDED:
         # ``fail`` logs why; ``complete`` the budget and what was spent.
-        why = detail.get("why") or (f"spent {float(detail['spent']):.4f} of budget "
-                                    f"{float(detail['budget']):.4f}")
+        why = detail.get("why") or (
+            f"spent {float(detail['spent']):.4f} of budget {float(detail['budget']):.4f}"
+        )
         return Verdict(error=CostExceededError(f"task {task_id}: {why}"))
     return Verdict()
 
@@ -195,44 +230,62 @@ def _schema_error(schema: dict[str, Any] | None, result: Any) -> str | None:
     return None
 
 
-def fail(settings: Settings, run: Running, exc: BaseException,
-         rng: random.Random | None = None) -> Verdict:
+def fail(
+    settings: Settings, run: Running, exc: BaseException, rng: random.Random | None = None
+) -> Verdict:
     """The body raised: retry (a new auction after the backoff), extend the timeout, or FAILED.
 
     Tried again on the same ``run`` after its commit landed, it returns the verdict stored then
     (a retry stays a retry, though the task may be in its next auction by now).
     """
-    if run.rfp is None:
+    if run.announcement is None:
         return Verdict()
     now, again = _end_time(run)
     if again and (landed := _landed(settings, run, now)) is not None:
         return landed
-    rfp = run.rfp
+    announcement = run.announcement
     error = error_text(exc)
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
         charge_and_record(session, run, success=False, now=now, error=error)
-        plan = plan_retry(rfp, run.node, exc, now, rng,
-                          timed_out=isinstance(exc, SoftTimeLimitExceeded))
+        plan = plan_retry(
+            announcement, run.node, exc, now, rng, timed_out=isinstance(exc, SoftTimeLimitExceeded)
+        )
         # The sum of the ledger matters against a budget and for the next attempt's spec.
-        spent = (ledger.spent(session, run.task_id)
-                 if rfp.budget is not None or plan.next is not None else 0.0)
-        if rfp.budget is not None and spent > rfp.budget + BUDGET_EPSILON:
-            over = (rfp.budget, spent)
-            plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {rfp.budget:.4f}")
+        spent = (
+            ledger.spent(session, run.task_id)
+            if announcement.budget is not None or plan.next is not None
+            else 0.0
+        )
+        if announcement.budget is not None and spent > announcement.budget + BUDGET_EPSILON:
+            over = (announcement.budget, spent)
+            plan = RetryPlan(None, None, f"spent {spent:.4f} of budget {announcement.budget:.4f}")
         if plan.next is not None and plan.delay is not None:
-            journal.record(session, run.task_id, journal.TASK_FAILED, node=run.node,
-                           attempt=run.attempt, at=now, error=error, will_retry=True)
+            journal.record(
+                session,
+                run.task_id,
+                journal.TASK_FAILED,
+                node=run.node,
+                attempt=run.attempt,
+                at=now,
+                error=error,
+                will_retry=True,
+            )
             nxt = plan.next.model_copy(update={"spent": spent})
             moved = to_retrying(session, run, nxt, now, plan.delay, plan.why, error=error)
             return Verdict(retry_in=plan.delay) if moved else Verdict()
         kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
         final = CostExceededError(f"task {run.task_id}: {plan.why}") if over else exc
-        transition(session, run.task_id, states.FAILED,
-                   Log(kind, detail={"error": error, "why": plan.why}, at=now),
-                   Expect(attempt=run.attempt, node=run.node),
-                   error=f"{error} ({plan.why})" if plan.why else error, finished_at=now,
-                   result=exception_json(final))
+        transition(
+            session,
+            run.task_id,
+            states.FAILED,
+            Log(kind, detail={"error": error, "why": plan.why}, at=now),
+            Expect(attempt=run.attempt, node=run.node),
+            error=f"{error} ({plan.why})" if plan.why else error,
+            finished_at=now,
+            result=exception_json(final),
+        )
     if over is not None:
         notify_cost(settings, run, *over)
         return Verdict(error=CostExceededError(f"task {run.task_id}: {plan.why}"))
@@ -243,19 +296,40 @@ def notify_cost(settings: Settings, run: Running, budget: float, spent: float) -
     """Notify that ``run`` went over its task's budget (the cost_exceeded signal)."""
     from bidding.signals import cost_exceeded, notify
 
-    notify(settings, cost_exceeded, "cost_exceeded", task_id=run.task_id, budget=budget,
-           spent=spent, node=run.node, attempt=run.attempt)
+    notify(
+        settings,
+        cost_exceeded,
+        "cost_exceeded",
+        task_id=run.task_id,
+        budget=budget,
+        spent=spent,
+        node=run.node,
+        attempt=run.attempt,
+    )
 
 
-def to_retrying(session: Session, run: Running, nxt: Announcement, now: float, delay: float,
-                 why: str, error: str | None = None) -> bool:
+def to_retrying(
+    session: Session,
+    run: Running,
+    nxt: Announcement,
+    now: float,
+    delay: float,
+    why: str,
+    error: str | None = None,
+) -> bool:
     """EXECUTING -> RETRYING: the next attempt's spec, announced again at ``now + delay``."""
-    detail: dict[str, Any] = {"delay_s": round(delay, 3), "why": why,
-                              "next_attempt": nxt.attempt}
+    detail: dict[str, Any] = {"delay_s": round(delay, 3), "why": why, "next_attempt": nxt.attempt}
     if error is not None:
         detail["error"] = error
-    return transition(session, run.task_id, states.RETRYING,
-                      Log(journal.RETRYING, detail=detail, at=now),
-                      Expect(attempt=run.attempt, node=run.node), attempt=nxt.attempt,
-                      spec=nxt.model_dump(mode="json"), due_at=now + delay, assigned_node=None,
-                      error=error)
+    return transition(
+        session,
+        run.task_id,
+        states.RETRYING,
+        Log(journal.RETRYING, detail=detail, at=now),
+        Expect(attempt=run.attempt, node=run.node),
+        attempt=nxt.attempt,
+        spec=nxt.model_dump(mode="json"),
+        due_at=now + delay,
+        assigned_node=None,
+        error=error,
+    )

@@ -27,7 +27,7 @@ from bidding.lifecycle import events
 from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +64,9 @@ _DONE = (update(AnnouncementRow)
          .values(report_due=bindparam("r_next")))
 
 
-def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
+def fail_caller(app: Celery, settings: Settings, announcement: Announcement,
                 exc: BaseException) -> None:
-    """Store ``exc`` as ``rfp``'s result, and run what its canvas says happens on failure
+    """Store ``exc`` as ``announcement``'s result, and run what its canvas says happens on failure
     (errbacks, the chain after it, its chord), as a worker would; for failures no worker sees
     (no bids, escalated, a lost winner with ``on_agent_offline="fail"``).
 
@@ -75,17 +75,17 @@ def fail_caller(app: Celery, settings: Settings, rfp: Announcement,
     """
     # Flower builds its task list from events: without one it would show the task's last
     # phase (or PENDING) for ever.
-    events.failed(app, rfp, exc)
+    events.failed(app, announcement, exc)
     try:
-        app.backend.mark_as_failure(rfp.task_id, exc, request=caller_request(rfp))
+        app.backend.mark_as_failure(announcement.task_id, exc, request=caller_request(announcement))
     except Exception as error:
         logger.warning("task %s: storing its failure for the caller failed (%s); a sweeper "
-                       "writes it again", rfp.task_id, error)
-        report_later(settings, rfp.task_id, REPORT_BACKOFF, exception_json(exc))
+                       "writes it again", announcement.task_id, error)
+        report_later(settings, announcement.task_id, REPORT_BACKOFF, exception_json(exc))
         return
     with write_session(settings.database_url) as session:
         session.execute(update(AnnouncementRow)
-                        .where(AnnouncementRow.task_id == rfp.task_id,
+                        .where(AnnouncementRow.task_id == announcement.task_id,
                                AnnouncementRow.result.is_(None))
                         .values(result=exception_json(exc)))
 
@@ -186,8 +186,8 @@ def _report(app: Celery, task_id: str, state: str, outcome: dict[str, Any] | Non
     backend = app.backend
     meta = backend.get_task_meta(task_id)
     have = meta.get("status")
-    rfp = Announcement.model_validate(spec)
-    request = caller_request(rfp)
+    announcement = Announcement.model_validate(spec)
+    request = caller_request(announcement)
     if state == lifecycle.SUCCESS:
         if have == states.SUCCESS:
             return False

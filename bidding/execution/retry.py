@@ -62,32 +62,42 @@ class RetryPlan:
     why: str
 
 
-def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
+def plan_retry(announcement: Announcement, node: str, exc: BaseException, now: float,
                rng: random.Random | None = None, *, timed_out: bool = False) -> RetryPlan:
     """Decide what follows a failed attempt (pure): AITP 6.1 retries and 6.2 on_timeout.
 
     ``timed_out``: the attempt hit its soft time limit (the worker passes
     ``isinstance(exc, SoftTimeLimitExceeded)``; this module imports no Celery).
     """
-    failures = rfp.failures + 1
-    base = {"attempt": rfp.attempt + 1, "failures": failures, "silent_rounds": 0,
-            "exclude_nodes": retry_exclusions(rfp, node), "announced_at": now,
+    failures = announcement.failures + 1
+    base = {"attempt": announcement.attempt + 1, "failures": failures, "silent_rounds": 0,
+            "exclude_nodes": retry_exclusions(announcement, node), "announced_at": now,
             "last_error": error_text(exc)}
-    if rfp.deadline is not None and now >= rfp.deadline:
+    if announcement.deadline is not None and now >= announcement.deadline:
         return RetryPlan(None, None, "deadline passed")
     if timed_out:
-        fb = rfp.fallbacks
+        fb = announcement.fallbacks
         if fb.on_timeout == "fail":
             return RetryPlan(None, None, "timed out (on_timeout=fail)")
         if fb.on_timeout == "extend":
             extended = fb.extended_timeout_seconds
-            if rfp.timeout_seconds is not None and rfp.timeout_seconds >= extended:
+            if (
+                announcement.timeout_seconds is not None
+                and announcement.timeout_seconds >= extended
+            ):
                 return RetryPlan(None, None, "timed out again with the extended timeout")
             # A timeout is not the node's fault alone: any node may take the longer attempt.
-            nxt = rfp.model_copy(update={**base, "exclude_nodes": rfp.exclude_nodes,
-                                         "timeout_seconds": fb.extended_timeout_seconds})
-            return RetryPlan(nxt, 0.0, f"timed out; retrying with {fb.extended_timeout_seconds:g}s")
-    policy = rfp.retry_policy
+            nxt = announcement.model_copy(
+                update={
+                    **base,
+                    "exclude_nodes": announcement.exclude_nodes,
+                    "timeout_seconds": fb.extended_timeout_seconds,
+                }
+            )
+            return RetryPlan(
+                nxt, 0.0, f"timed out; retrying with {fb.extended_timeout_seconds:g}s"
+            )
+    policy = announcement.retry_policy
     if policy is None or policy.max_retries == 0:
         return RetryPlan(None, None, "")
     if not is_retryable(policy, exc):
@@ -95,8 +105,9 @@ def plan_retry(rfp: Announcement, node: str, exc: BaseException, now: float,
     if failures > policy.max_retries:
         return RetryPlan(None, None, f"no retries left ({policy.max_retries} used)")
     delay = compute_delay(policy, failures, rng)
-    return RetryPlan(rfp.model_copy(update=base), delay,
-                     f"retry {failures} of {policy.max_retries}")
+    return RetryPlan(
+        announcement.model_copy(update=base), delay, f"retry {failures} of {policy.max_retries}"
+    )
 
 
 def error_text(exc: BaseException) -> str:
@@ -105,12 +116,12 @@ def error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
-def retry_exclusions(rfp: Announcement, node: str) -> list[str]:
+def retry_exclusions(announcement: Announcement, node: str) -> list[str]:
     """The nodes a retry should avoid, the one that just failed (``node``) last, unless the task
     may retry on the same node (``auction.candidates.not_excluded`` says how they are used)."""
-    exclude = [n for n in rfp.exclude_nodes if n != node]
-    if not rfp.retry_same_node:
+    exclude = [n for n in announcement.exclude_nodes if n != node]
+    if not announcement.retry_same_node:
         exclude.append(node)
-    elif node in rfp.exclude_nodes:
-        exclude = list(rfp.exclude_nodes)
+    elif node in announcement.exclude_nodes:
+        exclude = list(announcement.exclude_nodes)
     return exclude

@@ -34,7 +34,7 @@ class Running:
     attempt: int
     node: str
     start: Start
-    rfp: Announcement | None
+    announcement: Announcement | None
     #: This node's price per unit (AITP 7.1: the node charges its own price).
     price_per_unit: float = 0.0
     #: Units the body reported with ``self.report_units``; default: the announced units.

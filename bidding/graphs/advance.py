@@ -29,8 +29,7 @@ from bidding.graphs.spec import PRIORITY_LEVELS, Subtask, TaskDefinition
 from bidding.graphs.templates import TemplateError, apply_mapping, resolve
 from bidding.lifecycle import states
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Graph, GraphStep
+from bidding.store.schema import AnnouncementRow, Graph, GraphStep
 
 logger = logging.getLogger(__name__)
 

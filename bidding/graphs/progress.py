@@ -11,8 +11,7 @@ from sqlalchemy import select
 from bidding.errors import UnknownTaskError
 from bidding.graphs import store as rows
 from bidding.store import ensure_schema, read_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Graph, GraphStep
+from bidding.store.schema import AnnouncementRow, Graph, GraphStep
 
 
 class StepProgress(BaseModel):

@@ -86,45 +86,69 @@ def _dispatcher(app: Celery, hostname: str) -> Any:
     return found
 
 
-def _task(rfp: Announcement) -> dict[str, Any]:
-    """The Celery fields of ``rfp`` Flower shows: its name, arguments and retries."""
-    return {"name": rfp.task_name, "args": saferepr(rfp.args, ARGS_REPR),
-            "kwargs": saferepr(rfp.kwargs, ARGS_REPR), "retries": rfp.attempt - 1}
+def _task(announcement: Announcement) -> dict[str, Any]:
+    """The Celery fields of ``announcement`` Flower shows: its name, arguments and retries."""
+    return {"name": announcement.task_name, "args": saferepr(announcement.args, ARGS_REPR),
+            "kwargs": saferepr(announcement.kwargs, ARGS_REPR), "retries": announcement.attempt - 1}
 
 
-def announced(app: Celery, rfp: Announcement, candidates: int) -> None:
-    """``rfp``'s auction is open (ANNOUNCED)."""
-    send(app, ANNOUNCED, rfp.task_id, **_task(rfp), attempt=rfp.attempt,
+def announced(app: Celery, announcement: Announcement, candidates: int) -> None:
+    """``announcement``'s auction is open (ANNOUNCED)."""
+    send(app, ANNOUNCED, announcement.task_id, **_task(announcement), attempt=announcement.attempt,
          candidates=candidates)
 
 
-def awarded(app: Celery, rfp: Announcement, node: str, queue: str, *,
+def awarded(app: Celery, announcement: Announcement, node: str, queue: str, *,
             outcome: str = "awarded") -> None:
-    """``rfp`` was awarded to ``node``: sent before its execution, so that Flower has it
+    """``announcement`` was awarded to ``node``: sent before its execution, so that Flower has it
     before the node's own events (``routing_key`` is the queue it is sent to)."""
-    send(app, AWARDED, rfp.task_id, name=rfp.task_name, routing_key=queue, node=node,
-         attempt=rfp.attempt, outcome=outcome)
+    send(
+        app,
+        AWARDED,
+        announcement.task_id,
+        name=announcement.task_name,
+        routing_key=queue,
+        node=node,
+        attempt=announcement.attempt,
+        outcome=outcome,
+    )
 
 
-def reawarded(app: Celery, rfp: Announcement, lost: str, node: str, queue: str,
-              reason: str) -> None:
-    """``rfp`` moved from ``lost`` to the next-best bidder ``node`` (REAWARDED)."""
-    send(app, REAWARDED, rfp.task_id, name=rfp.task_name, routing_key=queue, node=node,
-         from_node=lost, reason=reason, attempt=rfp.attempt)
+def reawarded(
+    app: Celery, announcement: Announcement, lost: str, node: str, queue: str, reason: str
+) -> None:
+    """``announcement`` moved from ``lost`` to the next-best bidder ``node`` (REAWARDED)."""
+    send(
+        app,
+        REAWARDED,
+        announcement.task_id,
+        name=announcement.task_name,
+        routing_key=queue,
+        node=node,
+        from_node=lost,
+        reason=reason,
+        attempt=announcement.attempt,
+    )
 
 
-def deferred(app: Celery, rfp: Announcement, reason: str) -> None:
-    """No live node can take ``rfp`` now: it is announced again later (DEFERRED)."""
-    send(app, DEFERRED, rfp.task_id, **_task(rfp), reason=reason)
+def deferred(app: Celery, announcement: Announcement, reason: str) -> None:
+    """No live node can take ``announcement`` now: it is announced again later (DEFERRED)."""
+    send(app, DEFERRED, announcement.task_id, **_task(announcement), reason=reason)
 
 
-def escalated(app: Celery, rfp: Announcement, reason: str) -> None:
-    """``rfp`` needs an operator (ESCALATED)."""
-    send(app, ESCALATED, rfp.task_id, name=rfp.task_name, reason=reason)
+def escalated(app: Celery, announcement: Announcement, reason: str) -> None:
+    """``announcement`` needs an operator (ESCALATED)."""
+    send(app, ESCALATED, announcement.task_id, name=announcement.task_name, reason=reason)
 
 
-def failed(app: Celery, rfp: Announcement, exc: BaseException) -> None:
-    """``rfp`` failed outside any worker (no bid, escalated, a lost winner, never sent):
+def failed(app: Celery, announcement: Announcement, exc: BaseException) -> None:
+    """``announcement`` failed outside any worker (no bid, escalated, a lost winner, never sent):
     Celery's ``task-failed``, so that Flower shows FAILURE, not the last phase for ever."""
-    send(app, FAILED, rfp.task_id, name=rfp.task_name,
-         exception=f"{type(exc).__name__}({str(exc)!r})", traceback="")
+    send(
+        app,
+        FAILED,
+        announcement.task_id,
+        name=announcement.task_name,
+        exception=f"{type(exc).__name__}({str(exc)!r})",
+        traceback="",
+    )

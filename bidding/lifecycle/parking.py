@@ -36,7 +36,7 @@ from sqlalchemy import exc as sql_errors
 
 from bidding.models import describe_validation
 from bidding.store import write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ from bidding.lifecycle import jobs, states
 from bidding.store import read_session, write_session
 from bidding.store.engine import is_sqlite
 from bidding.store.schema import (
-    Announcement,
+    AnnouncementRow,
     BidRow,
     Episode,
     Graph,
@@ -104,13 +104,13 @@ def _graph_running(task_id: Any) -> ColumnElement[bool]:
 #: The tasks a prune may delete: final, finished before the cutoff, reported, no running
 #: graph's step.
 _PRUNABLE = and_(
-    Announcement.state.in_(sorted(states.FINAL_STATES)),
-    Announcement.finished_at < bindparam("cutoff"),
-    Announcement.report_due.is_(None),
-    ~_graph_running(Announcement.task_id),
+    AnnouncementRow.state.in_(sorted(states.FINAL_STATES)),
+    AnnouncementRow.finished_at < bindparam("cutoff"),
+    AnnouncementRow.report_due.is_(None),
+    ~_graph_running(AnnouncementRow.task_id),
 )
-_TASKS = (select(Announcement.task_id).where(_PRUNABLE)
-          .order_by(Announcement.finished_at).limit(bindparam("batch")))
+_TASKS = (select(AnnouncementRow.task_id).where(_PRUNABLE)
+          .order_by(AnnouncementRow.finished_at).limit(bindparam("batch")))
 _GRAPHS = (select(Graph.graph_id)
            .where(Graph.state.in_(GRAPH_FINAL), Graph.finished_at < bindparam("cutoff"))
            .order_by(Graph.finished_at).limit(bindparam("batch")))
@@ -160,8 +160,8 @@ def _prune_tasks(settings: Settings, cutoff: float, batch: int, pruned: Pruned) 
             LedgerEntry.task_id.in_(bindparam("ids", expanding=True))), ids_of)
         pruned.bids += _deleted(session, delete(BidRow).where(
             BidRow.task_id.in_(bindparam("ids", expanding=True))), ids_of)
-        pruned.tasks += _deleted(session, delete(Announcement).where(
-            Announcement.task_id.in_(bindparam("ids", expanding=True))), ids_of)
+        pruned.tasks += _deleted(session, delete(AnnouncementRow).where(
+            AnnouncementRow.task_id.in_(bindparam("ids", expanding=True))), ids_of)
     return len(ids) == batch
 
 
@@ -227,7 +227,7 @@ def _prune_episodes(settings: Settings, cutoff: float, batch: int, *, dry_run: b
 def _count(settings: Settings, cutoff: float, episode_cutoff: float) -> Pruned:
     """What a prune at ``cutoff`` would delete."""
     params = {"cutoff": cutoff}
-    tasks = select(Announcement.task_id).where(_PRUNABLE).scalar_subquery()
+    tasks = select(AnnouncementRow.task_id).where(_PRUNABLE).scalar_subquery()
     graphs = (select(Graph.graph_id)
               .where(Graph.state.in_(GRAPH_FINAL), Graph.finished_at < bindparam("cutoff"))
               .scalar_subquery())
@@ -238,7 +238,7 @@ def _count(settings: Settings, cutoff: float, episode_cutoff: float) -> Pruned:
                 select(func.count()).select_from(table).where(where), params) or 0)
 
     return Pruned(
-        tasks=count(Announcement, _PRUNABLE),
+        tasks=count(AnnouncementRow, _PRUNABLE),
         bids=count(BidRow, BidRow.task_id.in_(tasks)),
         messages=count(Message, Message.task_id.in_(tasks)),
         ledger_entries=count(LedgerEntry, LedgerEntry.task_id.in_(tasks)),

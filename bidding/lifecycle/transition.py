@@ -35,7 +35,7 @@ from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.lifecycle import journal, parking, states
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 _TABLE: Final = cast(Table, AnnouncementRow.__table__)
 #: What a refused transition reports it found (then the caller's ``returning`` columns).

@@ -16,7 +16,7 @@ from bidding.lifecycle import journal
 from bidding.observe.explain import BidView, bid_view
 from bidding.observe.why import why_won
 from bidding.store import ensure_schema, read_session
-from bidding.store.schema import Announcement, BidRow, GraphStep, Message
+from bidding.store.schema import AnnouncementRow, BidRow, GraphStep, Message
 
 #: The most auctions one read returns.
 MAX_LIMIT = 200
@@ -75,7 +75,7 @@ def recent_auctions(database_url: str, limit: int = 20, after: int = 0) -> Aucti
             return AuctionFeed(auctions=[], cursor=after)
         ids = {m.task_id for m in closes}
         tasks = {a.task_id: a for a in session.scalars(
-            select(Announcement).where(Announcement.task_id.in_(ids)))}
+            select(AnnouncementRow).where(AnnouncementRow.task_id.in_(ids)))}
         bids: dict[tuple[str, int], list[BidRow]] = defaultdict(list)
         for b in session.scalars(
                 select(BidRow)

@@ -47,8 +47,7 @@ from bidding.observe.watch import (
 )
 from bidding.signals import notify, task_escalated
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Node, Worker
+from bidding.store.schema import AnnouncementRow, Node, Worker
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ from bidding.observe.status import watch_of
 from bidding.observe.watch import WatchView
 from bidding.observe.why import why_won
 from bidding.store import ensure_schema, read_session, store_label
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Message
+from bidding.store.schema import AnnouncementRow, BidRow, Message
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from sqlalchemy import Select, and_, or_, select
 
 from bidding.observe.checker import Violation, check_task
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 
 #: Rows fetched at a time: the log of a large store is read in pieces, not held at once.
 BATCH = 2000
@@ -63,9 +63,9 @@ def _query(task_ids: Sequence[str] | None, since: float) -> Select[Any]:
     if since > 0:
         # A task is in the window when it was announced since (as ``bidding stats`` counts);
         # a message of no known task, when it was written since.
-        query = query.outerjoin(Announcement, Announcement.task_id == Message.task_id).where(
-            or_(Announcement.announced_at >= since,
-                and_(Announcement.task_id.is_(None), Message.at >= since)))
+        query = query.outerjoin(AnnouncementRow, AnnouncementRow.task_id == Message.task_id).where(
+            or_(AnnouncementRow.announced_at >= since,
+                and_(AnnouncementRow.task_id.is_(None), Message.at >= since)))
     return query.order_by(Message.task_id, Message.id)
 
 

@@ -12,7 +12,7 @@ from bidding.config import Settings
 from bidding.lifecycle import states
 from bidding.observe.stats import collect
 from bidding.store import ensure_schema, read_session
-from bidding.store.schema import Announcement, Node
+from bidding.store.schema import AnnouncementRow, Node
 
 
 class NodeView(BaseModel):
@@ -52,9 +52,9 @@ def node_views(settings: Settings, now: float | None = None) -> list[NodeView]:
     with read_session(settings.database_url) as session:
         nodes = session.scalars(select(Node).order_by(Node.name)).all()
         in_flight = {str(node): int(count) for node, count in session.execute(
-            select(Announcement.assigned_node, func.count())
-            .where(Announcement.state.in_(states.IN_FLIGHT_STATES))
-            .group_by(Announcement.assigned_node)).all()}
+            select(AnnouncementRow.assigned_node, func.count())
+            .where(AnnouncementRow.state.in_(states.IN_FLIGHT_STATES))
+            .group_by(AnnouncementRow.assigned_node)).all()}
         views = [
             NodeView(
                 name=n.name, capabilities=list(n.capabilities), capacity=n.capacity,

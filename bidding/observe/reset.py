@@ -19,7 +19,7 @@ from bidding.config import get_settings
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, parking, states
 from bidding.store import ensure_schema, store_label, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 
 class ResetOutcome(BaseModel):

@@ -16,7 +16,7 @@ from bidding import clock
 from bidding.lifecycle import journal, states
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session
-from bidding.store.schema import Announcement, BidRow, Message
+from bidding.store.schema import AnnouncementRow, BidRow, Message
 
 
 class NodeStats(BaseModel):
@@ -163,35 +163,56 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
     """
     with read_session(database_url) as session:
         rows = session.execute(
-            select(Announcement.state, Announcement.assigned_node, Announcement.announced_at,
-                   Announcement.awarded_at, Announcement.task_type)
-            .where(Announcement.announced_at >= since)
+            select(
+                AnnouncementRow.state,
+                AnnouncementRow.assigned_node,
+                AnnouncementRow.announced_at,
+                AnnouncementRow.awarded_at,
+                AnnouncementRow.task_type,
+            ).where(AnnouncementRow.announced_at >= since)
         ).all()
-        escalations: dict[str, int] = {kind: n for kind, n in session.execute(
-            select(Message.kind, func.count())
-            .join(Announcement, Announcement.task_id == Message.task_id)
-            .where(Announcement.announced_at >= since,
-                   Message.kind.in_((journal.ESCALATED, journal.WATCH_ESCALATED)))
-            .group_by(Message.kind))}
+        escalations: dict[str, int] = {
+            kind: n
+            for kind, n in session.execute(
+                select(Message.kind, func.count())
+                .join(AnnouncementRow, AnnouncementRow.task_id == Message.task_id)
+                .where(
+                    AnnouncementRow.announced_at >= since,
+                    Message.kind.in_((journal.ESCALATED, journal.WATCH_ESCALATED)),
+                )
+                .group_by(Message.kind)
+            )
+        }
         # Every award of an attempt to a node: by its auction, or moved to another bidder.
         awards = session.execute(
-            select(Message.task_id, Message.attempt, Message.node, Message.kind,
-                   Message.detail, Announcement.state, Announcement.attempt,
-                   Announcement.assigned_node)
-            .join(Announcement, Announcement.task_id == Message.task_id)
-            .where(Announcement.announced_at >= since,
-                   Message.kind.in_((journal.AWARDED, journal.REAWARDED)))
+            select(
+                Message.task_id,
+                Message.attempt,
+                Message.node,
+                Message.kind,
+                Message.detail,
+                AnnouncementRow.state,
+                AnnouncementRow.attempt,
+                AnnouncementRow.assigned_node,
+            )
+            .join(AnnouncementRow, AnnouncementRow.task_id == Message.task_id)
+            .where(
+                AnnouncementRow.announced_at >= since,
+                Message.kind.in_((journal.AWARDED, journal.REAWARDED)),
+            )
         ).all()
         bid_rows = session.execute(
             select(BidRow.node, func.count(), func.avg(BidRow.score))
-            .join(Announcement, Announcement.task_id == BidRow.task_id)
-            .where(Announcement.announced_at >= since, BidRow.will_bid.is_(True))
+            .join(AnnouncementRow, AnnouncementRow.task_id == BidRow.task_id)
+            .where(AnnouncementRow.announced_at >= since, BidRow.will_bid.is_(True))
             .group_by(BidRow.node)
         ).all()
     # Per auction (a retried task has several): the AWARDED message's latency_ms.
-    latencies = [float(a.detail["latency_ms"]) for a in awards
-                 if a.kind == journal.AWARDED and a.detail
-                 and a.detail.get("latency_ms") is not None]
+    latencies = [
+        float(a.detail["latency_ms"])
+        for a in awards
+        if a.kind == journal.AWARDED and a.detail and a.detail.get("latency_ms") is not None
+    ]
     per_node = _award_outcomes(awards)
     checked = check_log(database_url, since=since) if protocol else None
     succeeded = sum(1 for r in rows if r[0] == states.SUCCESS)
@@ -213,9 +234,14 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
         task_types=_by_type(rows),
         escalated=int(escalations.get(journal.ESCALATED, 0)),
         watch_escalated=int(escalations.get(journal.WATCH_ESCALATED, 0)),
-        protocol=None if checked is None else ProtocolStats(
-            tasks_checked=checked.tasks, violations=len(checked.violations),
-            tasks_with_violations=len(checked.offending()), by_rule=checked.by_rule()),
+        protocol=None
+        if checked is None
+        else ProtocolStats(
+            tasks_checked=checked.tasks,
+            violations=len(checked.violations),
+            tasks_with_violations=len(checked.offending()),
+            by_rule=checked.by_rule(),
+        ),
         nodes=[
             NodeStats(
                 node=n,
@@ -225,7 +251,8 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
                 failed=per_node.get(n, {}).get("failed", 0),
                 retried=per_node.get(n, {}).get("retried", 0),
                 unfinished=per_node.get(n, {}).get("unfinished", 0),
-                avg_score=float(by_node[n][2]) if n in by_node and by_node[n][2] is not None
+                avg_score=float(by_node[n][2])
+                if n in by_node and by_node[n][2] is not None
                 else None,
             )
             for n in nodes
@@ -243,9 +270,16 @@ def _by_type(rows: Sequence[Any]) -> list[TypeStats]:
         c = counts[task_type]
         total = sum(c.values())
         ok, failed = c[states.SUCCESS], c[states.FAILED]
-        out.append(TypeStats(task_type=task_type, announced=total, succeeded=ok, failed=failed,
-                             unfinished=total - ok - failed,
-                             success_rate=ok / (ok + failed) if ok + failed else None))
+        out.append(
+            TypeStats(
+                task_type=task_type,
+                announced=total,
+                succeeded=ok,
+                failed=failed,
+                unfinished=total - ok - failed,
+                success_rate=ok / (ok + failed) if ok + failed else None,
+            )
+        )
     return out
 
 

@@ -14,8 +14,7 @@ from bidding.models import Announcement
 from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.observe.watch import WatchState, WatchView, last_news, view
 from bidding.store import ensure_schema, read_session, store_label
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import LedgerEntry, Message
+from bidding.store.schema import AnnouncementRow, LedgerEntry, Message
 
 
 class LedgerLine(BaseModel):

@@ -78,7 +78,7 @@ class Worker(Base):
     running: Mapped[list[str] | None] = mapped_column(JSONType, nullable=True)
 
 
-class Announcement(Base):
+class AnnouncementRow(Base):
     """One task put up for bidding, and where its auction and execution stand."""
 
     __tablename__ = "bidding_announcements"

@@ -50,14 +50,14 @@ class _Scored:
     def score_all(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> list[Score]:
         """Score every bid of one auction."""
-        return [self.score(b, rfp, capabilities) for b in bids]
+        return [self.score(b, announcement, capabilities) for b in bids]
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """Score one bid (implemented by each built-in)."""
         raise NotImplementedError
@@ -65,13 +65,13 @@ class _Scored:
     def select(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> Bid | None:
         """The highest-scoring bid; among equal scores the least busy, then one at random."""
         if not bids:
             return None
-        scores = self.score_all(bids, rfp, capabilities)
+        scores = self.score_all(bids, announcement, capabilities)
         scored = [(s.total, b) for s, b in zip(scores, bids, strict=True)]
         best = max(total for total, _ in scored)
         tied = [b for total, b in scored if best - total <= TIE_EPSILON]
@@ -85,7 +85,7 @@ class HighestConfidence(_Scored):
     name: ClassVar[str] = "highest_confidence"
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """The bid's confidence."""
         return Score(node=bid.node, total=bid.confidence, terms={"confidence": bid.confidence})
@@ -98,10 +98,10 @@ class BestSkillMatch(_Scored):
     name: ClassVar[str] = "best_skill_match"
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """Fraction of required skills covered (0 when the task requires none, as in seed 003)."""
-        match = formulas.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
+        match = formulas.skill_match(announcement.required_skills, _skills_of(bid, capabilities))
         return Score(node=bid.node, total=match, terms={"skill_match": match})
 
 
@@ -131,14 +131,15 @@ class WeightedScore(_Scored):
                 raise ConfigurationError(f"WeightedScore.{label}: must be >= 0 (got {w})")
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """Weighted confidence and skill match (bare confidence when no skill is required),
         times the slot share."""
-        if not rfp.required_skills:
+        if not announcement.required_skills:
             terms = {"confidence": bid.confidence}
         else:
-            match = formulas.skill_match(rfp.required_skills, _skills_of(bid, capabilities))
+            match = formulas.skill_match(announcement.required_skills,
+                                         _skills_of(bid, capabilities))
             terms = {
                 "confidence": self.confidence_weight * bid.confidence,
                 "skill_match": self.skill_weight * match,
@@ -159,7 +160,7 @@ class Composite(_Scored):
     name: ClassVar[str] = "composite"
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """The composite with the preferred-node bonus and recent-failure penalty, capped at 1."""
         total, terms, multipliers = formulas.composite_score(
@@ -185,25 +186,25 @@ class Routing(_Scored):
     def score_all(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> list[Score]:
         """Score every bid against the auction's own cost range."""
-        max_cost = self.max_cost(bids, rfp)
+        max_cost = self.max_cost(bids, announcement)
         return [self._score(b, max_cost) for b in bids]
 
     @staticmethod
-    def max_cost(bids: Sequence[Bid], rfp: Announcement) -> float:
+    def max_cost(bids: Sequence[Bid], announcement: Announcement) -> float:
         """The cost that scores 0: the budget, else the highest bid cost."""
-        if rfp.budget is not None and rfp.budget > 0:
-            return rfp.budget
+        if announcement.budget is not None and announcement.budget > 0:
+            return announcement.budget
         return max((b.cost for b in bids), default=0.0)
 
     def score(
-        self, bid: Bid, rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """The routing score of a bid alone (its cost range is its own budget or cost)."""
-        return self._score(bid, self.max_cost([bid], rfp))
+        return self._score(bid, self.max_cost([bid], announcement))
 
     @staticmethod
     def _score(bid: Bid, max_cost: float) -> Score:
@@ -211,5 +212,3 @@ class Routing(_Scored):
             bid.capability, bid.trust, bid.latency_ms, bid.cost, max_cost
         )
         return Score(node=bid.node, total=total, terms=terms)
-
-

@@ -41,7 +41,7 @@ Judge = Callable[[Sequence[Bid], Announcement, Mapping[str, NodeCapability]], Ju
 
 
 def judgment_prompt(
-    bids: Sequence[Bid], rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+    bids: Sequence[Bid], announcement: Announcement, capabilities: Mapping[str, NodeCapability]
 ) -> str:
     """The procurement prompt of seed 003, listing every bid and its node's skills."""
     bids_text = "\n".join(
@@ -54,8 +54,8 @@ def judgment_prompt(
         f"- {c.node}: skills={c.skills}" for c in capabilities.values() if c.node in bidders
     )
     return (
-        f"Task: {rfp.content or rfp.task_type}\n"
-        f"Required skills: {rfp.required_skills}\n\n"
+        f"Task: {announcement.content or announcement.task_type}\n"
+        f"Required skills: {announcement.required_skills}\n\n"
         f"Agent capabilities:\n{caps_text}\n\n"
         f"Bids:\n{bids_text}\n\n"
         "Select the best agent."
@@ -85,10 +85,10 @@ def llm_judge(model: Any, timeout: float = JUDGE_TIMEOUT) -> Judge:
     agent = Agent(model, system_prompt=JUDGE_SYSTEM_PROMPT, output_type=Judgment)
 
     def judge(
-        bids: Sequence[Bid], rfp: Announcement, capabilities: Mapping[str, NodeCapability]
+        bids: Sequence[Bid], announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Judgment:
         # The HTTP request's own timeout; AgentJudgment also stops waiting after ``timeout``.
-        result = agent.run_sync(judgment_prompt(bids, rfp, capabilities),
+        result = agent.run_sync(judgment_prompt(bids, announcement, capabilities),
                                 model_settings={"timeout": timeout})
         output: Judgment = result.output
         return output
@@ -115,7 +115,7 @@ class AgentJudgment:
     def select(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> Bid | None:
         """The judge's pick, or the fallback's when the judge cannot decide."""
@@ -124,34 +124,34 @@ class AgentJudgment:
             return None
         if self.judge is None:
             self.last_reasoning = "no judge configured; fell back to " + self.fallback.name
-            return self.fallback.select(bids, rfp, capabilities)
+            return self.fallback.select(bids, announcement, capabilities)
         try:
-            verdict = Judgment.model_validate(self._ask(bids, rfp, capabilities),
+            verdict = Judgment.model_validate(self._ask(bids, announcement, capabilities),
                                               from_attributes=True)
         except _TimedOut:
             self.last_reasoning = (f"judge did not answer within {self.timeout:g}s; "
                                    f"fell back to {self.fallback.name}")
-            return self.fallback.select(bids, rfp, capabilities)
+            return self.fallback.select(bids, announcement, capabilities)
         except Exception as exc:  # a judge is user code or a remote model: never fail the award
             self.last_reasoning = f"judge failed ({exc!r}); fell back to {self.fallback.name}"
-            return self.fallback.select(bids, rfp, capabilities)
+            return self.fallback.select(bids, announcement, capabilities)
         chosen = next((b for b in bids if b.node == verdict.selected_agent_id), None)
         if chosen is None:
             self.last_reasoning = (
                 f"judge named {verdict.selected_agent_id!r}, which did not bid; "
                 f"fell back to {self.fallback.name}"
             )
-            return self.fallback.select(bids, rfp, capabilities)
+            return self.fallback.select(bids, announcement, capabilities)
         self.last_reasoning = verdict.reasoning
         return chosen
 
-    def _ask(self, bids: Sequence[Bid], rfp: Announcement,
+    def _ask(self, bids: Sequence[Bid], announcement: Announcement,
              capabilities: Mapping[str, NodeCapability]) -> Any:
         """The judge's answer, within ``timeout`` seconds (TimeoutError past them)."""
         assert self.judge is not None
         if self.timeout is None:
-            return self.judge(bids, rfp, capabilities)
-        future = _JUDGES.submit(self.judge, bids, rfp, capabilities)
+            return self.judge(bids, announcement, capabilities)
+        future = _JUDGES.submit(self.judge, bids, announcement, capabilities)
         try:
             return future.result(timeout=self.timeout)
         except FutureTimeout:
@@ -163,8 +163,8 @@ class AgentJudgment:
     def score_all(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> list[Score]:
         """The fallback's scores, shown for context; the judge's pick decides."""
-        return self.fallback.score_all(bids, rfp, capabilities)
+        return self.fallback.score_all(bids, announcement, capabilities)

@@ -1,6 +1,7 @@
 """The selection-strategy protocol (seed 003): what a strategy is, and how the award calls it.
 
-``SelectionStrategy`` is anything with ``select(bids, rfp, capabilities)``; a ``ScoringStrategy``
+``SelectionStrategy`` is anything with ``select(bids, announcement, capabilities)``; a
+``ScoringStrategy``
 also scores every bid, so that the award can record each breakdown for ``bidding explain``.
 """
 
@@ -35,7 +36,7 @@ class SelectionStrategy(Protocol):
     def select(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> Bid | Awaitable[Bid | None] | None:
         """Return the winning bid, or None when no bid is acceptable."""
@@ -53,7 +54,7 @@ class ScoringStrategy(SelectionStrategy, Protocol):
     def score_all(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> list[Score]:
         """Score every bid of one auction."""
@@ -75,11 +76,11 @@ def capabilities_of(bids: Sequence[Bid]) -> dict[str, NodeCapability]:
 def run_select(
     strategy: SelectionStrategy,
     bids: Sequence[Bid],
-    rfp: Announcement,
+    announcement: Announcement,
     capabilities: Mapping[str, NodeCapability],
 ) -> Bid | None:
     """Call ``strategy.select``, running it to completion when it is a coroutine (seed 003)."""
-    result = strategy.select(bids, rfp, capabilities)
+    result = strategy.select(bids, announcement, capabilities)
     if inspect.isawaitable(result):
         return asyncio.run(_await(result))
     return result

@@ -2,7 +2,7 @@
 
 ``resolve_strategy("composite")``, ``resolve_strategy(MyStrategy())`` and
 ``resolve_strategy("pkg.mod:MyStrategy")`` all give an object with
-``select(bids, rfp, capabilities) -> Bid | None`` (rq's alias table plus dotted paths).
+``select(bids, announcement, capabilities) -> Bid | None`` (rq's alias table plus dotted paths).
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def _import(path: str) -> Any:
 def _check(obj: Any, label: str) -> SelectionStrategy:
     if not callable(getattr(obj, "select", None)):
         raise ConfigurationError(
-            f"strategy: {label} has no select(bids, rfp, capabilities) method"
+            f"strategy: {label} has no select(bids, announcement, capabilities) method"
         )
     if inspect.isclass(obj):
         try:

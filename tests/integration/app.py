@@ -35,8 +35,8 @@ bidding.install(app)
 class PreferredOnly:
     """A strategy that awards only the preferred node's bid (tests that need one node)."""
 
-    def select(self, bids: Any, rfp: Any, capabilities: Any) -> Any:
-        return next((b for b in bids if b.node == rfp.preferred_node), None)
+    def select(self, bids: Any, announcement: Any, capabilities: Any) -> Any:
+        return next((b for b in bids if b.node == announcement.preferred_node), None)
 
 
 bidding.register_strategy("preferred_only", PreferredOnly)

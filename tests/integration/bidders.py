@@ -14,19 +14,25 @@ REFUSAL = "east does no legal reviews: it has nobody to sign them off"
 SLEEP = 3.0
 
 
-def choosy(rfp: Announcement, draft: Bid) -> BidResponse:
+def choosy(announcement: Announcement, draft: Bid) -> BidResponse:
     """Refuses legal reviews; takes ``SLEEP`` s over a task whose value is "sleep"; bids on
     the rest with its own confidence and approach."""
-    if rfp.task_type == REFUSED_TYPE:
+    if announcement.task_type == REFUSED_TYPE:
         return BidResponse(will_bid=False, confidence=0.0, proposal="", reasoning=REFUSAL)
-    if rfp.args[:1] == ["sleep"]:
+    if announcement.args[:1] == ["sleep"]:
         time.sleep(SLEEP)
-    if rfp.truncated:
+    if announcement.truncated:
         # A document too long for the bid request: east says what it was shown.
-        shown = len(rfp.args[0]) if rfp.args else 0
-        return BidResponse(will_bid=True, confidence=0.95,
-                           proposal=f"east read {shown} characters of {rfp.truncated['args']}",
-                           reasoning="a long document, shortened for the bid request")
-    return BidResponse(will_bid=True, confidence=0.95,
-                       proposal=f"east runs {rfp.task_type} {rfp.args[:1]} on its GPU",
-                       reasoning="idle GPU, and the task is small")
+        shown = len(announcement.args[0]) if announcement.args else 0
+        return BidResponse(
+            will_bid=True,
+            confidence=0.95,
+            proposal=f"east read {shown} characters of {announcement.truncated['args']}",
+            reasoning="a long document, shortened for the bid request",
+        )
+    return BidResponse(
+        will_bid=True,
+        confidence=0.95,
+        proposal=f"east runs {announcement.task_type} {announcement.args[:1]} on its GPU",
+        reasoning="idle GPU, and the task is small",
+    )

@@ -11,7 +11,7 @@ from sqlalchemy import func, select
 
 from bidding.errors import ConfigurationError
 from bidding.store import read_session
-from bidding.store.schema import Announcement
+from bidding.store.schema import AnnouncementRow
 from tests.integration.app import swelling
 from tests.integration.conftest import Cluster
 
@@ -25,7 +25,7 @@ BIG = 2 * LIMIT
 def announced(cluster: Cluster) -> int:
     """How many tasks the store holds."""
     with read_session(cluster.settings.database_url) as session:
-        return int(session.scalar(select(func.count()).select_from(Announcement)) or 0)
+        return int(session.scalar(select(func.count()).select_from(AnnouncementRow)) or 0)
 
 
 def test_a_call_with_2_mib_of_arguments_is_refused_and_nothing_is_announced(

@@ -26,7 +26,7 @@ from bidding.auction.proxy import PROXY_CLOSE
 from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.integration.app import failing, gpu, phantom, shared
 from tests.integration.conftest import (
     NODES,
@@ -217,9 +217,9 @@ def test_nodes_busy_with_long_tasks_still_bid_at_once(cluster: Cluster) -> None:
 
     def all_busy() -> bool:
         with read_session(cluster.settings.database_url) as s:
-            return s.scalar(select(func.count()).select_from(Announcement).where(
-                Announcement.task_id.in_([r.id for r in long_running]),
-                Announcement.state == "EXECUTING")) == 6
+            return s.scalar(select(func.count()).select_from(AnnouncementRow).where(
+                AnnouncementRow.task_id.in_([r.id for r in long_running]),
+                AnnouncementRow.state == "EXECUTING")) == 6
 
     # (equal bids tie; ties go to the least busy node, so the six spread two per node)
     assert wait_for(all_busy, timeout=15)
@@ -228,7 +228,7 @@ def test_nodes_busy_with_long_tasks_still_bid_at_once(cluster: Cluster) -> None:
     # then every node answers within the window (bids are not queued behind executions) ...
     def awarded() -> bool:
         with read_session(cluster.settings.database_url) as s:
-            row = s.get(Announcement, result.id)
+            row = s.get(AnnouncementRow, result.id)
             return row is not None and row.awarded_at is not None
 
     assert wait_for(awarded, timeout=5)
@@ -246,25 +246,31 @@ def test_nodes_busy_with_long_tasks_still_bid_at_once(cluster: Cluster) -> None:
 def test_bids_in_before_the_announcement_is_stored_still_win(cluster: Cluster) -> None:
     # given an auction whose only bid is on the board before the caller's insert commits
     # (new auctions ask for bids first, so the insert overlaps the bidding)
-    rfp = build_announcement(shared, cluster.settings, ("early",), {}, {})
+    announcement = build_announcement(shared, cluster.settings, ("early",), {}, {})
     north = NodeProfile(name="north", capabilities=NODES["north"], capacity=4,
                         price_per_unit=0.01, latency_ms=50, trust=70)
     get_board(cluster.settings, cluster.app).post(
-        compute_bid(rfp, north, NodeHistory()), expected=1, window=rfp.window)
+        compute_bid(announcement, north, NodeHistory()), expected=1, window=announcement.window)
     awards: list[Any] = []
     closer = threading.Thread(target=lambda: awards.append(close_auction(
-        cluster.settings, cluster.app, rfp.task_id, 1, "all bids in", rfp=rfp, candidates=1)))
+        cluster.settings, cluster.app, announcement.task_id, 1, "all bids in",
+        announcement=announcement, candidates=1)))
     # when the award starts first and the row is written 0.3 s later
     closer.start()
     time.sleep(0.3)
     with write_session(cluster.settings.database_url) as s:
-        s.execute(insert(Announcement), [row_values(rfp, "BIDDING", ["north"])])
-        journal.record(s, rfp.task_id, journal.ANNOUNCED, at=rfp.announced_at,
-                       candidates=["north"])  # as the caller's insert writes it
+        s.execute(insert(AnnouncementRow), [row_values(announcement, "BIDDING", ["north"])])
+        journal.record(
+            s,
+            announcement.task_id,
+            journal.ANNOUNCED,
+            at=announcement.announced_at,
+            candidates=["north"],
+        )  # as the caller's insert writes it
     closer.join(timeout=10)
     # then the award waited for the row, and the task runs on the bidder
     assert awards and awards[0] is not None and awards[0].winner == "north"
-    assert AsyncResult(rfp.task_id, app=cluster.app).get(timeout=15)["node"] == "north"
+    assert AsyncResult(announcement.task_id, app=cluster.app).get(timeout=15)["node"] == "north"
 
 
 def test_an_open_auction_shows_its_bids_and_is_announced_again_if_the_board_is_lost(
@@ -290,8 +296,13 @@ def test_an_open_auction_shows_its_bids_and_is_announced_again_if_the_board_is_l
     finally:
         cluster.bury()
     with read_session(cluster.settings.database_url) as s:
-        deferred = list(s.scalars(select(Message.detail).where(
-            Message.task_id == result.id, Message.kind == "DEFERRED")))
+        deferred = list(
+            s.scalars(
+                select(Message.detail).where(
+                    Message.task_id == result.id, Message.kind == "DEFERRED"
+                )
+            )
+        )
     assert deferred and "none of 4 candidate(s) answered" in deferred[0]["reason"]
     assert bidding.explain(result.id, app=cluster.app).state == "SUCCESS"
 
@@ -309,7 +320,8 @@ def test_one_call_can_be_bid_by_proxy_where_the_default_is_to_ask(cluster: Clust
 
 
 def test_nodes_refuse_a_strategy_path_they_do_not_allow(
-    cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
+    cluster: Cluster,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a caller that allows a strategy by dotted path, and nodes that do not
     from bidding.config import reset_settings
@@ -328,7 +340,9 @@ def test_nodes_refuse_a_strategy_path_they_do_not_allow(
         result.get(timeout=15)
     assert cluster.executions(result.id) == 0
     # (a registered name stays allowed everywhere)
-    assert shared.apply_async((2,), bidding={"strategy": "composite"}).get(timeout=15)["value"] == 2
+    assert (
+        shared.apply_async((2,), bidding={"strategy": "composite"}).get(timeout=15)["value"] == 2
+    )
 
 
 # -- the protocol checker over this module's real logs (last: it corrupts some of them) ------
@@ -338,12 +352,24 @@ Log = list[dict[str, Any]]
 
 def bidding_check(cluster: Cluster) -> tuple[int, str, dict[str, Any]]:
     """``bidding check --database-url URL`` as an operator runs it: exit status, text, JSON."""
+
     def run(*extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "bidding.cli", "check", "--database-url",
-             cluster.settings.database_url, *extra],
-            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-            text=True, timeout=60)
+            [
+                sys.executable,
+                "-m",
+                "bidding.cli",
+                "check",
+                "--database-url",
+                cluster.settings.database_url,
+                *extra,
+            ],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     text, as_json = run(), run("--json")
     assert text.returncode == as_json.returncode, text.stdout + as_json.stdout
@@ -356,12 +382,18 @@ def relog(cluster: Cluster, task_id: str, edit: Callable[[Log], Log]) -> None:
     with new ids in that order."""
     columns = (Message.kind, Message.node, Message.attempt, Message.detail, Message.at)
     with write_session(cluster.settings.database_url) as s:
-        rows = [dict(r._mapping) for r in s.execute(
-            select(*columns).where(Message.task_id == task_id).order_by(Message.id))]
+        rows = [
+            dict(r._mapping)
+            for r in s.execute(
+                select(*columns).where(Message.task_id == task_id).order_by(Message.id)
+            )
+        ]
         base = int(s.scalar(select(func.max(Message.id))) or 0) + 1000
         s.execute(delete(Message).where(Message.task_id == task_id))
-        s.execute(insert(Message), [{**row, "id": base + i, "task_id": task_id}
-                                    for i, row in enumerate(edit(rows))])
+        s.execute(
+            insert(Message),
+            [{**row, "id": base + i, "task_id": task_id} for i, row in enumerate(edit(rows))],
+        )
 
 
 def _first(log: Log, kind: str, node: str | None = None) -> dict[str, Any]:
@@ -386,36 +418,54 @@ CORRUPTIONS: dict[str, Callable[[Log], Log]] = {
     "announced_first": lambda log: [m for m in log if m["kind"] != "ANNOUNCED"],
     "known_kind": lambda log: [*log, {**log[-1], "kind": "HEARTBEAT"}],
     "attempt_numbers": lambda log: [
-        {**m, "attempt": 2} if m["kind"] == "TASK_SUCCEEDED" else m for m in log],
+        {**m, "attempt": 2} if m["kind"] == "TASK_SUCCEEDED" else m for m in log
+    ],
     "lifecycle": lambda log: [m for m in log if m["kind"] != "TASK_COMPLETED"],
     # a loser's bid (in time) moved after the award
     "bids_while_open": lambda log: [
-        *[m for m in log if m is not _loser(log) and m["kind"] not in (
-            "TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED")],
-        _loser(log), *_tail(log, "TASK_ACCEPTED")],
+        *[
+            m
+            for m in log
+            if m is not _loser(log)
+            and m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED")
+        ],
+        _loser(log),
+        *_tail(log, "TASK_ACCEPTED"),
+    ],
     "candidates_only": lambda log: [
-        {**m, "node": "intruder"} if m is _loser(log) else m for m in log],
+        {**m, "node": "intruder"} if m is _loser(log) else m for m in log
+    ],
     # the award written twice
     "one_award": lambda log: [
-        *[m for m in log if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED",
-                                              "TASK_SUCCEEDED")],
-        _first(log, "AWARDED"), *_tail(log, "TASK_ACCEPTED")],
+        *[
+            m
+            for m in log
+            if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED")
+        ],
+        _first(log, "AWARDED"),
+        *_tail(log, "TASK_ACCEPTED"),
+    ],
     "award_to_bidder": lambda log: [m for m in log if m is not _first(log, "BID", _winner(log))],
     "holder_only": lambda log: [
-        {**m, "node": _loser(log)["node"]} if m["kind"] == "TASK_COMPLETED" else m
-        for m in log],
+        {**m, "node": _loser(log)["node"]} if m["kind"] == "TASK_COMPLETED" else m for m in log
+    ],
     # progress reported before the task was accepted
     "run_order": lambda log: [
-        *[m for m in log if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED",
-                                              "TASK_SUCCEEDED")],
+        *[
+            m
+            for m in log
+            if m["kind"] not in ("TASK_ACCEPTED", "TASK_COMPLETED", "TASK_SUCCEEDED")
+        ],
         {**_first(log, "TASK_ACCEPTED"), "kind": "PROGRESS_UPDATE"},
-        *_tail(log, "TASK_ACCEPTED")],
+        *_tail(log, "TASK_ACCEPTED"),
+    ],
     "final_is_final": lambda log: [*log, _first(log, "TASK_ACCEPTED")],
 }
 
 
 def test_bidding_check_passes_real_logs_and_names_each_task_whose_log_was_corrupted(
-        cluster: Cluster) -> None:
+    cluster: Cluster,
+) -> None:
     # given the real auctions of this module (retries, refusals, silent rounds, proxy bids,
     # duplicate awards, no-bid failures...) and one task per rule that three nodes bid on
     tasks = [shared.delay(f"check-{rule}") for rule in CORRUPTIONS]

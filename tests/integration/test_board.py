@@ -90,8 +90,8 @@ APP = Celery("board-test", set_as_current=False)
 
 
 def request(node: str, n: int) -> BidRequest:
-    rfp = Announcement(task_id=f"t{n}", task_name="t.work", task_type="work")
-    return BidRequest(announcement=rfp, node=node, expires_at=time.time() + 60)
+    announcement = Announcement(task_id=f"t{n}", task_name="t.work", task_type="work")
+    return BidRequest(announcement=announcement, node=node, expires_at=time.time() + 60)
 
 
 def pop(board: RedisBoard, node: str) -> tuple[str, int | None] | None:

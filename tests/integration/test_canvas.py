@@ -14,7 +14,7 @@ from sqlalchemy import select
 import bidding
 from bidding.errors import NoBidsError
 from bidding.store import read_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from tests.integration.app import failing, remember, shared, total
 from tests.integration.conftest import NODES, Cluster, wait_for
 

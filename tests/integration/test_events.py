@@ -12,7 +12,7 @@ import pytest
 from bidding.execution.dispatch import send_execution
 from bidding.models import Announcement
 from bidding.store import read_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from tests.integration.app import shared
 from tests.integration.conftest import NODES, Cluster, wait_for
 
@@ -47,9 +47,9 @@ def test_a_dropped_stale_copy_leaves_the_task_on_the_worker_that_ran_it(
     with read_session(cluster.settings.database_url) as s:
         row = s.get(AnnouncementRow, result.id)
         assert row is not None
-        rfp = Announcement.model_validate(row.spec)
+        announcement = Announcement.model_validate(row.spec)
     other = next(n for n in NODES if n != ran_on)
-    send_execution(cluster.app, rfp, other, cluster.settings)
+    send_execution(cluster.app, announcement, other, cluster.settings)
     assert wait_for(lambda: any(e.get("uuid") == result.id
                                 and e["hostname"].startswith(f"{other}@") for e in events), 15)
 

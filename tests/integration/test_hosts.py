@@ -27,7 +27,7 @@ from bidding.nodes.federation import Federation
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import dispose_all, read_session, upgrade
 from bidding.store.migrate import forget_schema_checks
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.conftest import require
 from tests.integration.app import app, shared, slow
 from tests.integration.conftest import ROOT, _postgres_database, _repoint, wait_for, write_profile
@@ -132,7 +132,7 @@ def test_a_host_whose_cable_is_pulled_mid_task_loses_it_to_another(network: Netw
 
     def running_on() -> str | None:
         with read_session(network.settings.database_url) as s:
-            row = s.get(Announcement, result.id)
+            row = s.get(AnnouncementRow, result.id)
             return row.assigned_node if row is not None and row.state == "EXECUTING" else None
 
     assert wait_for(lambda: running_on() is not None, 30)

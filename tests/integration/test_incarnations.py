@@ -21,7 +21,7 @@ from sqlalchemy import select
 from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.integration.app import shared, slow
 from tests.integration.conftest import NODES, Cluster, wait_for, write_profile
 
@@ -32,9 +32,9 @@ def fresh_type() -> str:
     return f"incarnation-{uuid.uuid4().hex[:8]}"
 
 
-def row(cluster: Cluster, task_id: str) -> Announcement:
+def row(cluster: Cluster, task_id: str) -> AnnouncementRow:
     with read_session(cluster.settings.database_url) as s:
-        found = s.get(Announcement, task_id)
+        found = s.get(AnnouncementRow, task_id)
         assert found is not None
         s.expunge(found)
         return found

@@ -36,7 +36,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Episode, LedgerEntry, Message, Node
+from bidding.store.schema import AnnouncementRow, Episode, LedgerEntry, Message, Node
 from tests.integration.app import (
     countdown,
     flaky,
@@ -125,7 +125,7 @@ def messages(cluster: Cluster, task_id: str) -> list[Message]:
 
 def state_of(cluster: Cluster, task_id: str) -> str | None:
     with read_session(cluster.settings.database_url) as s:
-        row = s.get(Announcement, task_id)
+        row = s.get(AnnouncementRow, task_id)
         return None if row is None else row.state
 
 
@@ -302,7 +302,7 @@ def test_a_soft_time_limit_is_retried_with_the_extended_limit(nodes: Cluster) ->
     assert "SoftTimeLimitExceeded" in retry.detail["error"]
     assert "retrying with 5s" in retry.detail["why"]
     with read_session(nodes.settings.database_url) as s:
-        row = s.get(Announcement, result.id)
+        row = s.get(AnnouncementRow, result.id)
         assert row is not None and row.spec["timeout_seconds"] == 5
 
 

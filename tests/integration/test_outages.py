@@ -22,7 +22,7 @@ import pytest
 from bench.chaos.chaos import restart_store
 from bench.common.redis_server import PrivateRedis
 from bidding.store import read_session
-from bidding.store.schema import Announcement
+from bidding.store.schema import AnnouncementRow
 from tests.conftest import POSTGRES_URL
 from tests.integration.app import shared, slow
 from tests.integration.conftest import (
@@ -58,7 +58,7 @@ def outage_cluster(broker: PrivateRedis, tmp_path_factory: pytest.TempPathFactor
 
 def state(cluster: Cluster, task_id: str) -> str | None:
     with read_session(cluster.settings.database_url) as s:
-        row = s.get(Announcement, task_id)
+        row = s.get(AnnouncementRow, task_id)
         return None if row is None else row.state
 
 

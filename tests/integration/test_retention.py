@@ -15,7 +15,7 @@ from sqlalchemy import func, select
 import bidding
 from bidding.auction.history import gather_history
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.integration.app import failing, shared
 from tests.integration.conftest import NODES, ROOT, Cluster, store_cluster
 
@@ -45,7 +45,7 @@ def test_a_prune_keeps_what_the_nodes_learned_and_the_federation_works_on(
     learned = {node: gather_history(federation.settings, node, "failing")
                for node in NODES}
     assert all(h.outcomes.count(False) == 2 for h in learned.values()), learned
-    before = count(federation, Announcement)
+    before = count(federation, AnnouncementRow)
     assert before >= 12
     # when everything finished is pruned from the command line
     run = subprocess.run(
@@ -55,7 +55,7 @@ def test_a_prune_keeps_what_the_nodes_learned_and_the_federation_works_on(
     # then it says what it deleted, and the store holds no task, bid or message any more
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith(f"pruned {before} task(s)"), run.stdout
-    assert count(federation, Announcement) == 0 and count(federation, Message) == 0
+    assert count(federation, AnnouncementRow) == 0 and count(federation, Message) == 0
     # and every node still knows what it learned: the same history as before the prune
     assert {node: gather_history(federation.settings, node, "failing")
             for node in NODES} == learned
@@ -71,7 +71,7 @@ def test_a_prune_keeps_what_the_nodes_learned_and_the_federation_works_on(
 def test_a_dry_run_deletes_nothing(federation: Cluster, tmp_path: Path) -> None:
     # given a task that ran
     assert shared.delay("kept").get(timeout=30)["value"] == "kept"
-    before = count(federation, Announcement)
+    before = count(federation, AnnouncementRow)
     # when a dry run counts what a prune of everything finished would delete
     run = subprocess.run(
         [sys.executable, "-m", "bidding.cli", "prune", "--older-than", "0s", "--dry-run",
@@ -80,4 +80,4 @@ def test_a_dry_run_deletes_nothing(federation: Cluster, tmp_path: Path) -> None:
     # then it says so, and nothing went
     assert run.returncode == 0, run.stderr
     assert run.stdout.startswith("would prune "), run.stdout
-    assert count(federation, Announcement) == before
+    assert count(federation, AnnouncementRow) == before

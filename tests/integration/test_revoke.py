@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 import bidding
 from bidding.store import read_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from tests.integration.app import shared, sleepy
 from tests.integration.conftest import Cluster, wait_for
 

@@ -11,7 +11,7 @@ from celery.exceptions import NotRegistered
 
 import bidding
 from bidding.store import read_session
-from bidding.store.schema import Announcement
+from bidding.store.schema import AnnouncementRow
 from tests.integration.app import app
 from tests.integration.conftest import Cluster, wait_for
 
@@ -27,7 +27,7 @@ def caller_only(self: Any, value: int) -> int:
 
 def state_and_error(cluster: Cluster, task_id: str) -> tuple[str, str]:
     with read_session(cluster.settings.database_url) as s:
-        row = s.get(Announcement, task_id)
+        row = s.get(AnnouncementRow, task_id)
         assert row is not None
         return row.state, row.error or ""
 

@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from bidding.cli import main
 from bidding.store import read_session
-from bidding.store.schema import Announcement, Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.integration.app import sleepy, slow, steps
 from tests.integration.conftest import Cluster, store_cluster, wait_for
 from tests.integration.test_lifecycle import Hook, webhook
@@ -50,9 +50,9 @@ def watched(request: pytest.FixtureRequest, redis_broker: str, webhook: str,
         yield cluster
 
 
-def task_row(cluster: Cluster, task_id: str) -> Announcement:
+def task_row(cluster: Cluster, task_id: str) -> AnnouncementRow:
     with read_session(cluster.settings.database_url) as s:
-        found = s.get(Announcement, task_id)
+        found = s.get(AnnouncementRow, task_id)
         assert found is not None
         s.expunge(found)
         return found

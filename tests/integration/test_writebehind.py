@@ -51,8 +51,7 @@ from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache, live_nodes
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session, upgrade
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Message
+from bidding.store.schema import AnnouncementRow, BidRow, Message
 from bidding.task import BiddingTask
 from tests.conftest import bury, ghost
 from tests.integration.app import shared
@@ -137,8 +136,8 @@ def test_a_caller_killed_after_its_award_still_gets_its_task_run(journaled: Clus
         import bidding.auction.routes as routes
         from tests.integration.app import shared
 
-        def killed(app, settings, rfp, award):
-            print(rfp.task_id, flush=True)
+        def killed(app, settings, announcement, award):
+            print(announcement.task_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
         routes.route_award = killed
@@ -277,9 +276,9 @@ class Private:
                  if node.name in ("ghost1", "ghost2")]
         winners = []
         for _ in range(n):
-            rfp = Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
+            announcement = Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
                                task_type="shared_work", required_skills=["shared"])
-            award = award_behind(self.settings, self.app, rfp, nodes)
+            award = award_behind(self.settings, self.app, announcement, nodes)
             assert award is not None and award.winner is not None
             winners.append(award.winner)
         return winners
@@ -339,8 +338,11 @@ def test_an_award_decided_on_stale_reservations_is_refused(private: Private) -> 
     private.award(1)
     journal = private.journal
     (entry,) = [e for e in journal.entries(list(pending_ids(journal))) if e is not None]
-    stale = replace(entry, rfp=entry.rfp.model_copy(update={"task_id": "t-stale"}),
-                    award=entry.award.model_copy(update={"task_id": "t-stale"}))
+    stale = replace(
+        entry,
+        announcement=entry.announcement.model_copy(update={"task_id": "t-stale"}),
+        award=entry.award.model_copy(update={"task_id": "t-stale"}),
+    )
     taken = journal.reserved([entry.award.winner or ""])[entry.award.winner or ""]
     # when it is appended expecting one reservation fewer than its winner now has
     # then the journal refuses it (decide again), and keeps nothing of it
@@ -372,7 +374,11 @@ def test_the_journal_survives_a_redis_kill_and_is_written_once_after_it(
     assert rows(private.settings.database_url) == (5, 10)
     for task_id in task_ids:
         assert kinds(private.settings.database_url, task_id) == [
-            "ANNOUNCED", "BID", "BID", "AWARDED"]
+            "ANNOUNCED",
+            "BID",
+            "BID",
+            "AWARDED",
+        ]
     assert journal.backlog() == 0
     assert journal.reserved(["ghost1", "ghost2"]) == {"ghost1": 0, "ghost2": 0}
 
@@ -401,16 +407,33 @@ def pending_ids(journal: Journal) -> list[str]:
 
 def new_rfp(**fields: Any) -> Announcement:
     """A new task of the ghosts' skill, with a fresh id."""
-    return Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
-                        task_type="shared_work", required_skills=["shared"], **fields)
+    return Announcement(
+        task_id=str(uuid.uuid4()),
+        task_name="tests.shared",
+        task_type="shared_work",
+        required_skills=["shared"],
+        **fields,
+    )
 
 
-def append_unchecked(private: Private, rfp: Announcement, winner: str) -> Entry:
-    """Append an award of ``rfp`` to ``winner`` (no bids) straight into the journal, unchecked,
-    as a caller that does not check its arguments would (an older version)."""
-    award = Award(task_id=rfp.task_id, attempt=rfp.attempt, outcome="awarded", winner=winner,
-                  strategy="weighted", closed_by=PROXY_CLOSE)
-    entry = Entry(rfp=rfp, candidates=["ghost1", "ghost2"], answers=[], award=award, counts={})
+def append_unchecked(private: Private, announcement: Announcement, winner: str) -> Entry:
+    """Append an award of the announcement to ``winner`` (no bids) straight into the journal,
+    unchecked, as a caller that does not check its arguments would (an older version)."""
+    award = Award(
+        task_id=announcement.task_id,
+        attempt=announcement.attempt,
+        outcome="awarded",
+        winner=winner,
+        strategy="weighted",
+        closed_by=PROXY_CLOSE,
+    )
+    entry = Entry(
+        announcement=announcement,
+        candidates=["ghost1", "ghost2"],
+        answers=[],
+        award=award,
+        counts={},
+    )
     assert private.journal.append(entry, None) != STALE
     return entry
 
@@ -418,9 +441,11 @@ def append_unchecked(private: Private, rfp: Announcement, winner: str) -> Entry:
 def row_of(database_url: str, task_id: str) -> Any:
     """The task's (state, assigned_node, error) in the store, or None."""
     with read_session(database_url) as s:
-        return s.execute(select(AnnouncementRow.state, AnnouncementRow.assigned_node,
-                                AnnouncementRow.error)
-                         .where(AnnouncementRow.task_id == task_id)).one_or_none()
+        return s.execute(
+            select(
+                AnnouncementRow.state, AnnouncementRow.assigned_node, AnnouncementRow.error
+            ).where(AnnouncementRow.task_id == task_id)
+        ).one_or_none()
 
 
 def sent_to(private: Private, task_id: str) -> list[str]:
@@ -449,8 +474,14 @@ def assert_journal_empty(private: Private) -> None:
     assert journal.reserved(["ghost1", "ghost2"]) == {"ghost1": 0, "ghost2": 0}
 
 
-def lose_reply(monkeypatch: pytest.MonkeyPatch, journal: Journal, task_id: str, *, then: str,
-               before: Callable[[], object] | None = None) -> Callable[[], None]:
+def lose_reply(
+    monkeypatch: pytest.MonkeyPatch,
+    journal: Journal,
+    task_id: str,
+    *,
+    then: str,
+    before: Callable[[], object] | None = None,
+) -> Callable[[], None]:
     """Make the journal's append of ``task_id`` run in Redis and its reply be lost (the
     connection reset as it came back). ``then``: "retried", redis-py sends the call again on a
     new connection (its default); "raised", the error reaches the caller and Redis answers its
@@ -483,12 +514,28 @@ def lose_reply(monkeypatch: pytest.MonkeyPatch, journal: Journal, task_id: str, 
     return reachable
 
 
-@pytest.mark.parametrize(("then", "writer_first"), [
-    ("retried", False), ("raised", False), ("raised", True), ("unreachable", False),
-    ("unreachable", True)], ids=["retried-by-redis-py", "raised", "raised-after-a-writer-wrote-it",
-                                 "unreachable", "unreachable-after-a-writer-wrote-it"])
+@pytest.mark.parametrize(
+    ("then", "writer_first"),
+    [
+        ("retried", False),
+        ("raised", False),
+        ("raised", True),
+        ("unreachable", False),
+        ("unreachable", True),
+    ],
+    ids=[
+        "retried-by-redis-py",
+        "raised",
+        "raised-after-a-writer-wrote-it",
+        "unreachable",
+        "unreachable-after-a-writer-wrote-it",
+    ],
+)
 def test_an_award_whose_reply_was_lost_is_written_once_and_sent_once(
-    private_on: Private, monkeypatch: pytest.MonkeyPatch, then: str, writer_first: bool,
+    private_on: Private,
+    monkeypatch: pytest.MonkeyPatch,
+    then: str,
+    writer_first: bool,
 ) -> None:
     # given a caller whose award reaches the journal and whose reply is lost (a connection
     # reset): redis-py sends the call again, or the error reaches the caller and Redis answers
@@ -496,22 +543,27 @@ def test_an_award_whose_reply_was_lost_is_written_once_and_sent_once(
     # the store before the caller hears of the error
     p = private_on
     url = p.settings.database_url
-    rfp = new_rfp()
+    announcement = new_rfp()
     writer = Writer(p.settings, p.app)
-    reachable = lose_reply(monkeypatch, p.journal, rfp.task_id, then=then,
-                           before=writer.run if writer_first else None)
+    reachable = lose_reply(
+        monkeypatch,
+        p.journal,
+        announcement.task_id,
+        then=then,
+        before=writer.run if writer_first else None,
+    )
     # when it announces the task, as .delay() does
-    result = announce(p.app, p.settings, rfp, fresh_id=True)
+    result = announce(p.app, p.settings, announcement, fresh_id=True)
     # then .delay() returns the task's result, no error
-    assert result.id == rfp.task_id
-    caller_wrote = not writer_first and row_of(url, rfp.task_id) is not None
+    assert result.id == announcement.task_id
+    caller_wrote = not writer_first and row_of(url, announcement.task_id) is not None
     reachable()
     drain(p, writer)
     # and the store holds one award of it, and its execution went once, to that award's winner
-    row = row_of(url, rfp.task_id)
+    row = row_of(url, announcement.task_id)
     assert row is not None and row.state == "ASSIGNED"
-    assert kinds(url, rfp.task_id).count("AWARDED") == 1
-    assert sent_to(p, rfp.task_id) == [row.assigned_node]
+    assert kinds(url, announcement.task_id).count("AWARDED") == 1
+    assert sent_to(p, announcement.task_id) == [row.assigned_node]
     # and nothing of it is left in the journal: no entry, no reservation
     assert_journal_empty(p)
     # and when Redis could say that the journal took the award, the caller sent that award and
@@ -528,7 +580,7 @@ def store_of(private: Private) -> str:
 #: text and JSON types cannot hold one), SQLite an attempt number past its integers.
 REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "postgresql": ({"args": ["a\x00b"]}, "Unicode escape sequence"),
-    "sqlite": ({"attempt": 2 ** 63}, "too large"),
+    "sqlite": ({"attempt": 2**63}, "too large"),
 }
 
 
@@ -543,7 +595,7 @@ def test_an_entry_the_store_refuses_fails_its_task_and_the_rest_of_its_batch_is_
     p.award(1)
     refused = append_unchecked(p, new_rfp(**fields), "ghost1")
     p.award(1)
-    others = [t for t in pending_ids(p.journal) if t != refused.rfp.task_id]
+    others = [t for t in pending_ids(p.journal) if t != refused.announcement.task_id]
     # when a writer runs
     writer = Writer(p.settings, p.app)
     written = writer.run()
@@ -552,31 +604,43 @@ def test_an_entry_the_store_refuses_fails_its_task_and_the_rest_of_its_batch_is_
     for task_id in others:
         assert kinds(url, task_id) == ["ANNOUNCED", "BID", "BID", "AWARDED"]
     # and the refused task ended FAILED in the store, with the store's reason
-    row = row_of(url, refused.rfp.task_id)
+    row = row_of(url, refused.announcement.task_id)
     assert row is not None and row.state == "FAILED"
     assert "refused" in row.error and reason in row.error, row.error
     # and its caller's .get() raises with that reason
     with pytest.raises(bidding.BiddingError, match=reason):
-        AsyncResult(refused.rfp.task_id, app=p.app).get(timeout=10)
+        AsyncResult(refused.announcement.task_id, app=p.app).get(timeout=10)
     # and nothing of it is left in the journal: no entry, nothing pending, no reservation
     assert_journal_empty(p)
     # and the next pass has nothing to do, and fails on nothing
     assert writer.run() == 0
-    assert check_log(url, [*others, refused.rfp.task_id]).ok
+    assert check_log(url, [*others, refused.announcement.task_id]).ok
 
 
 def test_an_entry_this_version_cannot_read_is_left_to_one_that_can_and_blocks_no_other(
-    private: Private, monkeypatch: pytest.MonkeyPatch,
+    private: Private,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     journal = private.journal
     url = private.settings.database_url
     # given an award a newer version appended (its announcement has an option this version
     # does not know) between two awards of this version
     private.award(1)
-    newer = json.loads(Entry(
-        rfp=new_rfp(), candidates=["ghost1", "ghost2"], answers=[],
-        award=Award(task_id="x", outcome="awarded", winner="ghost1", strategy="weighted",
-                    closed_by=PROXY_CLOSE), counts={}).to_json())
+    newer = json.loads(
+        Entry(
+            announcement=new_rfp(),
+            candidates=["ghost1", "ghost2"],
+            answers=[],
+            award=Award(
+                task_id="x",
+                outcome="awarded",
+                winner="ghost1",
+                strategy="weighted",
+                closed_by=PROXY_CLOSE,
+            ),
+            counts={},
+        ).to_json()
+    )
     newer["rfp"]["an_option_of_a_newer_version"] = True
     task_id = newer["rfp"]["task_id"]
     journal.client.hset(journal.pending, task_id, json.dumps(newer))
@@ -602,12 +666,22 @@ def test_an_entry_this_version_cannot_read_is_left_to_one_that_can_and_blocks_no
 
 
 def test_an_award_decided_before_another_took_the_same_node_is_decided_again(
-    private: Private, monkeypatch: pytest.MonkeyPatch,
+    private: Private,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     settings = private.settings
     # given ghost1 (4 slots) with one award in the journal, and ghost2 (8 slots) with three
-    heartbeat(settings, NodeProfile(name="ghost2", capabilities=["shared"], capacity=8,
-                                    price_per_unit=0.01, latency_ms=50, trust=70))
+    heartbeat(
+        settings,
+        NodeProfile(
+            name="ghost2",
+            capabilities=["shared"],
+            capacity=8,
+            price_per_unit=0.01,
+            latency_ms=50,
+            trust=70,
+        ),
+    )
     invalidate_cache()
     first = append_unchecked(private, new_rfp(), "ghost1")
     for _ in range(3):
@@ -622,9 +696,9 @@ def test_an_award_decided_before_another_took_the_same_node_is_decided_again(
     made: dict[str, Award | None] = {}
 
     def append(self: Journal, entry: Entry, expect: int | None) -> str:
-        if entry.rfp.task_id == a.task_id and "b" not in made:
+        if entry.announcement.task_id == a.task_id and "b" not in made:
             made["b"] = award_behind(settings, private.app, b, nodes)
-            assert settle(settings, private.app, first.rfp.task_id)
+            assert settle(settings, private.app, first.announcement.task_id)
         return real(self, entry, expect)
 
     monkeypatch.setattr(Journal, "append", append)
@@ -659,7 +733,9 @@ def test_writers_that_are_gone_leave_the_consumer_group(private: Private) -> Non
 
 @pytest.mark.parametrize("journal_on", [True, False], ids=["journal", "no-journal"])
 def test_an_argument_the_store_cannot_keep_is_refused_at_delay_on_every_store(
-    private_on: Private, journal_on: bool, monkeypatch: pytest.MonkeyPatch,
+    private_on: Private,
+    journal_on: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     p = private_on
     url = p.settings.database_url
@@ -667,12 +743,15 @@ def test_an_argument_the_store_cannot_keep_is_refused_at_delay_on_every_store(
     # from its app alone: the module's cluster has set some in the environment)
     for name in SETTING_NAMES:
         monkeypatch.delenv(f"BIDDING_{name.upper()}", raising=False)
-    p.app.conf.update(bidding_database_url=url, bidding_award_journal=journal_on,
-                      bidding_bid_mode="proxy", bidding_auto_migrate=False)
+    p.app.conf.update(
+        bidding_database_url=url,
+        bidding_award_journal=journal_on,
+        bidding_bid_mode="proxy",
+        bidding_auto_migrate=False,
+    )
     reset_settings(p.app)
 
-    @p.app.task(base=BiddingTask, name="tests.shared", required_skills=["shared"],
-                shared=False)
+    @p.app.task(base=BiddingTask, name="tests.shared", required_skills=["shared"], shared=False)
     def work(x: Any, y: Any = None) -> Any:
         return x
 

@@ -59,7 +59,7 @@ def build(the_task: Any = None, args: Any = None, kwargs: Any = None,
 class ModuleLevelStrategy:
     """An unregistered strategy class a worker can import by its class path."""
 
-    def select(self, bids: Sequence[Bid], rfp: Announcement,
+    def select(self, bids: Sequence[Bid], announcement: Announcement,
                capabilities: Mapping[str, NodeCapability]) -> Bid | None:
         return bids[0] if bids else None
 
@@ -69,22 +69,22 @@ class ModuleLevelStrategy:
 
 def test_candidates_need_at_least_one_required_skill():
     # given a task needing "gpu" or "sql", and nodes with both, one, or neither
-    rfp = make_rfp(required_skills=["gpu", "sql"])
+    announcement = make_rfp(required_skills=["gpu", "sql"])
     nodes = [live("both", ["gpu", "sql"]), live("gpu", ["gpu"]), live("sql", ["sql", "x"]),
              live("none", ["x", "y"])]
     # when candidates are selected
-    chosen = select_candidates(rfp, nodes, random.Random(0))
+    chosen = select_candidates(announcement, nodes, random.Random(0))
     # then every node with at least one required skill is asked, in their order
     assert chosen == ["both", "gpu", "sql"]
 
 
 def test_without_required_skills_every_live_node_is_a_candidate():
     # given a task that requires no skill
-    rfp = make_rfp()
+    announcement = make_rfp()
     nodes = [live("a", ["x"]), live("b", ["y"]), live("c", ["z"])]
     # when candidates are selected
     # then every live node is asked
-    assert select_candidates(rfp, nodes, random.Random(0)) == ["a", "b", "c"]
+    assert select_candidates(announcement, nodes, random.Random(0)) == ["a", "b", "c"]
 
 
 def test_no_live_node_means_no_candidate():
@@ -95,20 +95,20 @@ def test_no_live_node_means_no_candidate():
 
 def test_cap_zero_asks_every_eligible_node():
     # given 30 eligible nodes and candidate_cap 0 (no cap)
-    rfp = make_rfp(required_skills=["x"], candidate_cap=0)
+    announcement = make_rfp(required_skills=["x"], candidate_cap=0)
     nodes = [live(f"n{i:02d}") for i in range(30)]
     # when candidates are selected
-    chosen = select_candidates(rfp, nodes, random.Random(0))
+    chosen = select_candidates(announcement, nodes, random.Random(0))
     # then all 30 are asked
     assert chosen == [n.name for n in nodes]
 
 
 def test_cap_not_reached_asks_everyone():
     # given 4 eligible nodes and a cap of 4
-    rfp = make_rfp(candidate_cap=4)
+    announcement = make_rfp(candidate_cap=4)
     nodes = [live(f"n{i}") for i in range(4)]
     # then all of them are asked, in order, without drawing
-    assert select_candidates(rfp, nodes, random.Random(0)) == ["n0", "n1", "n2", "n3"]
+    assert select_candidates(announcement, nodes, random.Random(0)) == ["n0", "n1", "n2", "n3"]
 
 
 # --- select_candidates: cap ----------------------------------------------------------------
@@ -204,9 +204,9 @@ def test_cap_gives_every_other_node_a_chance():
 
 def test_odd_cap_keeps_the_larger_half():
     # given a cap of 3: ceil(3 / 2) = 2 are kept by rank, 1 is drawn
-    rfp = CAP_RFP.model_copy(update={"candidate_cap": 3})
+    announcement = CAP_RFP.model_copy(update={"candidate_cap": 3})
     for seed in range(20):
-        chosen = select_candidates(rfp, CAP_NODES, random.Random(seed))
+        chosen = select_candidates(announcement, CAP_NODES, random.Random(seed))
         # then the best two are always there, plus one other
         assert len(set(chosen)) == 3
         assert set(chosen) >= BEST_TWO
@@ -240,71 +240,88 @@ def test_defaults_come_from_the_task_and_the_settings():
     conf = settings(strategy="composite", no_bid="fallback", window=0.5, min_confidence=0.3,
                     min_trust=20.0, candidate_cap=3)
     # when the announcement is built without call options
-    rfp = build(the_task, args=[1], kwargs={"k": "v"}, conf=conf, options={})
+    announcement = build(the_task, args=[1], kwargs={"k": "v"}, conf=conf, options={})
     # then the task's type and skills, and every setting, are used
-    assert rfp.task_name == "demo.tasks.extract"
-    assert rfp.task_type == "extraction"
-    assert rfp.required_skills == ["pdf", "ocr"]
-    assert rfp.strategy == "composite"
-    assert rfp.no_bid == "fallback"
-    assert rfp.window == 0.5
-    assert rfp.min_confidence == 0.3
-    assert rfp.min_trust == 20.0
-    assert rfp.candidate_cap == 3
-    assert rfp.args == [1]
-    assert rfp.kwargs == {"k": "v"}
+    assert announcement.task_name == "demo.tasks.extract"
+    assert announcement.task_type == "extraction"
+    assert announcement.required_skills == ["pdf", "ocr"]
+    assert announcement.strategy == "composite"
+    assert announcement.no_bid == "fallback"
+    assert announcement.window == 0.5
+    assert announcement.min_confidence == 0.3
+    assert announcement.min_trust == 20.0
+    assert announcement.candidate_cap == 3
+    assert announcement.args == [1]
+    assert announcement.kwargs == {"k": "v"}
     # and the model defaults fill the rest
-    assert (rfp.priority, rfp.budget, rfp.deadline, rfp.units, rfp.attempt) == (5, None, None,
-                                                                                 1.0, 1)
+    assert (
+        announcement.priority,
+        announcement.budget,
+        announcement.deadline,
+        announcement.units,
+        announcement.attempt,
+    ) == (5, None, None, 1.0, 1)
 
 
 def test_task_type_defaults_to_the_tasks_short_name():
     # given a task without task_type or required_skills attributes
-    rfp = build(task("demo.tasks.summarize"))
+    announcement = build(task("demo.tasks.summarize"))
     # then the type is the last part of its name and no skill is required
-    assert rfp.task_type == "summarize"
-    assert rfp.required_skills == []
+    assert announcement.task_type == "summarize"
+    assert announcement.required_skills == []
 
 
 def test_call_options_override_task_and_settings():
     # given a task with defaults, and call options for the same fields
     the_task = task(task_type="extraction", required_skills=["pdf"])
-    options = {"task_type": "ocr", "required_skills": ["ocr"], "strategy": "routing",
-               "window": 3.0, "min_confidence": 0.9, "priority": 9, "budget": 2.5,
-               "preferred_node": "redfin", "units": 4, "no_bid": "fallback",
-               "candidate_cap": 0, "min_trust": 0, "deadline": 1e10, "content": "read it"}
+    options = {
+        "task_type": "ocr",
+        "required_skills": ["ocr"],
+        "strategy": "routing",
+        "window": 3.0,
+        "min_confidence": 0.9,
+        "priority": 9,
+        "budget": 2.5,
+        "preferred_node": "redfin",
+        "units": 4,
+        "no_bid": "fallback",
+        "candidate_cap": 0,
+        "min_trust": 0,
+        "deadline": 1e10,
+        "content": "read it",
+    }
     # when the announcement is built
-    rfp = build(the_task, options=options)
+    announcement = build(the_task, options=options)
     # then every option wins
-    assert rfp.task_type == "ocr"
-    assert rfp.required_skills == ["ocr"]
-    assert rfp.strategy == "routing"
-    assert rfp.window == 3.0
-    assert rfp.min_confidence == 0.9
-    assert rfp.priority == 9
-    assert rfp.budget == 2.5
-    assert rfp.preferred_node == "redfin"
-    assert rfp.units == 4.0
-    assert rfp.no_bid == "fallback"
-    assert rfp.candidate_cap == 0
-    assert rfp.min_trust == 0.0
-    assert rfp.deadline == 1e10
-    assert rfp.content == "read it"
+    assert announcement.task_type == "ocr"
+    assert announcement.required_skills == ["ocr"]
+    assert announcement.strategy == "routing"
+    assert announcement.window == 3.0
+    assert announcement.min_confidence == 0.9
+    assert announcement.priority == 9
+    assert announcement.budget == 2.5
+    assert announcement.preferred_node == "redfin"
+    assert announcement.units == 4.0
+    assert announcement.no_bid == "fallback"
+    assert announcement.candidate_cap == 0
+    assert announcement.min_trust == 0.0
+    assert announcement.deadline == 1e10
+    assert announcement.content == "read it"
 
 
 def test_options_set_to_none_keep_the_defaults():
     # given call options explicitly set to None
-    rfp = build(task(task_type="extraction"), options={"task_type": None, "window": None})
+    announcement = build(task(task_type="extraction"), options={"task_type": None, "window": None})
     # then they are ignored
-    assert rfp.task_type == "extraction"
-    assert rfp.window == 2.0
+    assert announcement.task_type == "extraction"
+    assert announcement.window == 2.0
 
 
 def test_task_id_is_used_or_generated():
     # given an explicit task id
-    rfp = build_announcement(task(), settings(), None, None, {}, task_id="abc-123")
+    announcement = build_announcement(task(), settings(), None, None, {}, task_id="abc-123")
     # then it is used
-    assert rfp.task_id == "abc-123"
+    assert announcement.task_id == "abc-123"
     # and without one, a fresh id is made for every call
     assert build().task_id != build().task_id
 
@@ -334,11 +351,13 @@ def test_non_json_arguments_are_refused(args, kwargs):
 
 @pytest.mark.parametrize(
     ("value", "where", "found"),
-    [([1, float("nan")], "args", "args[1]: NaN is not JSON"),
-     ({"x": {"y": float("inf")}}, "kwargs", "kwargs['x']['y']: Infinity is not JSON"),
-     ([(1, [-float("inf")])], "args", "args[0][1][0]: -Infinity is not JSON"),
-     ({3: [0.5, {"k": float("nan")}]}, "input", "input[3][1]['k']: NaN is not JSON"),
-     ([1.5, "nan", None, True, {"k": [0.0, -2]}], "args", None)],
+    [
+        ([1, float("nan")], "args", "args[1]: NaN is not JSON"),
+        ({"x": {"y": float("inf")}}, "kwargs", "kwargs['x']['y']: Infinity is not JSON"),
+        ([(1, [-float("inf")])], "args", "args[0][1][0]: -Infinity is not JSON"),
+        ({3: [0.5, {"k": float("nan")}]}, "input", "input[3][1]['k']: NaN is not JSON"),
+        ([1.5, "nan", None, True, {"k": [0.0, -2]}], "args", None),
+    ],
     ids=["nan-in-args", "nested-infinity", "minus-infinity-in-a-tuple", "int-key", "none"],
 )
 def test_a_float_json_cannot_carry_is_found_naming_where_it_is(value, where, found):
@@ -349,8 +368,10 @@ def test_a_float_json_cannot_carry_is_found_naming_where_it_is(value, where, fou
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "named"),
-    [([1, float("nan")], None, "args[1]: NaN is not JSON"),
-     (None, {"x": {"y": float("inf")}}, "kwargs['x']['y']: Infinity is not JSON")],
+    [
+        ([1, float("nan")], None, "args[1]: NaN is not JSON"),
+        (None, {"x": {"y": float("inf")}}, "kwargs['x']['y']: Infinity is not JSON"),
+    ],
     ids=["args", "kwargs"],
 )
 def test_nan_or_infinity_in_the_arguments_is_refused_naming_the_argument(args, kwargs, named):
@@ -362,14 +383,15 @@ def test_nan_or_infinity_in_the_arguments_is_refused_naming_the_argument(args, k
 
 
 def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced(
-        monkeypatch, store_url):
+    monkeypatch, store_url
+):
     from celery import Celery
     from sqlalchemy import func, select
 
     import bidding
     from bidding.config import celery_conf
     from bidding.store import read_session
-    from bidding.store.schema import Announcement as AnnouncementRow
+    from bidding.store.schema import AnnouncementRow
 
     for name in [k for k in os.environ if k.startswith("BIDDING_")]:
         monkeypatch.delenv(name)
@@ -377,8 +399,9 @@ def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced
     app.conf.update(celery_conf("memory://", "cache+memory://"), bidding_database_url=store_url)
     bidding.install(app)
 
-    @app.task(base=bidding.BiddingTask, name="demo.tasks.scale", required_skills=["x"],
-              shared=False)
+    @app.task(
+        base=bidding.BiddingTask, name="demo.tasks.scale", required_skills=["x"], shared=False
+    )
     def scale(values: list[float], factor: float = 1.0) -> list[float]:
         """The task body never runs: the call is refused before it is announced."""
         return [v * factor for v in values]
@@ -390,7 +413,8 @@ def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced
     assert isinstance(info.value, bidding.BiddingError)
     assert str(info.value) == (
         "args/kwargs of demo.tasks.scale: kwargs['factor']: NaN is not JSON; celery-bidding "
-        "sends JSON only (a retry would run with null)")
+        "sends JSON only (a retry would run with null)"
+    )
     # and nothing was announced
     with read_session(store_url) as session:
         assert session.scalar(select(func.count()).select_from(AnnouncementRow)) == 0
@@ -410,18 +434,20 @@ def test_arguments_over_the_limit_are_refused_naming_the_task_the_size_and_the_s
     assert str(info.value) == (
         "args/kwargs of demo.tasks.extract: 1025 bytes of JSON, more than "
         "bidding_max_arguments_bytes (1024); pass large data by reference (a URL, a path, "
-        "a key) instead")
+        "a key) instead"
+    )
 
 
 def test_delay_with_a_2_mib_argument_is_refused_before_anything_is_announced(
-        monkeypatch, store_url):
+    monkeypatch, store_url
+):
     from celery import Celery
     from sqlalchemy import func, select
 
     import bidding
     from bidding.config import celery_conf
     from bidding.store import read_session
-    from bidding.store.schema import Announcement as AnnouncementRow
+    from bidding.store.schema import AnnouncementRow
 
     # given an app with the default limit (1 MiB) on a real store, and a task
     for name in [k for k in os.environ if k.startswith("BIDDING_")]:
@@ -430,8 +456,9 @@ def test_delay_with_a_2_mib_argument_is_refused_before_anything_is_announced(
     app.conf.update(celery_conf("memory://", "cache+memory://"), bidding_database_url=store_url)
     bidding.install(app)
 
-    @app.task(base=bidding.BiddingTask, name="demo.tasks.summarize", required_skills=["x"],
-              shared=False)
+    @app.task(
+        base=bidding.BiddingTask, name="demo.tasks.summarize", required_skills=["x"], shared=False
+    )
     def summarize(text: str) -> str:
         """The task body never runs: the call is refused before it is announced."""
         return text[:10]
@@ -444,7 +471,8 @@ def test_delay_with_a_2_mib_argument_is_refused_before_anything_is_announced(
     assert isinstance(info.value, bidding.BiddingError)
     assert str(info.value).startswith(
         "args/kwargs of demo.tasks.summarize: 2097162 bytes of JSON, more than "
-        "bidding_max_arguments_bytes (1048576)")
+        "bidding_max_arguments_bytes (1048576)"
+    )
     # and nothing was announced
     with read_session(store_url) as session:
         assert session.scalar(select(func.count()).select_from(AnnouncementRow)) == 0
@@ -452,15 +480,26 @@ def test_delay_with_a_2_mib_argument_is_refused_before_anything_is_announced(
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "options", "where", "what"),
-    [([1, "a\x00b"], None, None, "args/kwargs of demo.tasks.extract: args[1]", "NUL"),
-     (None, {"y": {"k\x00": 1}}, None, "kwargs['y']['k\\x00'] (its key)", "NUL"),
-     ([["ok", "\ud800"]], None, None, "args[0][1]", "surrogate"),
-     (None, None, {"preferred_node": "n\x00"}, "bidding options of demo.tasks.extract: "
-      "preferred_node", "NUL")],
+    [
+        ([1, "a\x00b"], None, None, "args/kwargs of demo.tasks.extract: args[1]", "NUL"),
+        (None, {"y": {"k\x00": 1}}, None, "kwargs['y']['k\\x00'] (its key)", "NUL"),
+        ([["ok", "\ud800"]], None, None, "args[0][1]", "surrogate"),
+        (
+            None,
+            None,
+            {"preferred_node": "n\x00"},
+            "bidding options of demo.tasks.extract: preferred_node",
+            "NUL",
+        ),
+    ],
     ids=["nul-in-an-argument", "nul-in-a-key", "lone-surrogate", "nul-in-an-option"],
 )
 def test_a_string_the_store_cannot_keep_is_refused_naming_where_it_is(
-    args: Any, kwargs: Any, options: Any, where: str, what: str,
+    args: Any,
+    kwargs: Any,
+    options: Any,
+    where: str,
+    what: str,
 ) -> None:
     # given a call whose arguments or options hold a string PostgreSQL cannot keep (a NUL
     # character; half of a surrogate pair, which UTF-8 cannot encode)
@@ -474,17 +513,22 @@ def test_a_string_the_store_cannot_keep_is_refused_naming_where_it_is(
 def test_strings_json_escapes_that_every_store_keeps_are_accepted() -> None:
     # given arguments with a backslash-u-0000 text, an emoji (a surrogate pair in JSON) and
     # non-ASCII text
-    rfp = build(args=["\\u0000", "\U0001F600", "\u00e9t\u00e9"], kwargs={"k": "\\ud800"})
+    announcement = build(args=["\\u0000", "\U0001f600", "\u00e9t\u00e9"], kwargs={"k": "\\ud800"})
     # then they are accepted as they are
-    assert rfp.args == ["\\u0000", "\U0001F600", "\u00e9t\u00e9"]
+    assert announcement.args == ["\\u0000", "\U0001f600", "\u00e9t\u00e9"]
 
 
 @pytest.mark.parametrize(
     ("options", "field"),
-    [({"priority": 12}, "priority"), ({"window": -1}, "window"),
-     ({"min_confidence": 1.5}, "min_confidence"), ({"budget": -0.1}, "budget"),
-     ({"no_bid": "retry"}, "no_bid"), ({"required_skills": [" "]}, "required_skills"),
-     ({"bid_mode": "auction"}, "bid_mode")],
+    [
+        ({"priority": 12}, "priority"),
+        ({"window": -1}, "window"),
+        ({"min_confidence": 1.5}, "min_confidence"),
+        ({"budget": -0.1}, "budget"),
+        ({"no_bid": "retry"}, "no_bid"),
+        ({"required_skills": [" "]}, "required_skills"),
+        ({"bid_mode": "auction"}, "bid_mode"),
+    ],
 )
 def test_bad_option_value_names_the_field(options, field):
     # given an option value out of range or of the wrong kind
@@ -498,11 +542,14 @@ def test_bad_option_value_names_the_field(options, field):
 
 BAD_POLICIES = {
     # id: (retry policy as a dict, what the error must say after the task's name)
-    "out-of-range": ({"max_retries": -1},
-                     "retry_policy.max_retries: Input should be greater than or equal to 0 "
-                     "(got -1)"),
-    "unknown-key": ({"max_retry": 3},
-                    "retry_policy.max_retry: Extra inputs are not permitted (got 3)"),
+    "out-of-range": (
+        {"max_retries": -1},
+        "retry_policy.max_retries: Input should be greater than or equal to 0 (got -1)",
+    ),
+    "unknown-key": (
+        {"max_retry": 3},
+        "retry_policy.max_retry: Extra inputs are not permitted (got 3)",
+    ),
 }
 
 
@@ -522,8 +569,13 @@ def test_bad_retry_policy_dict_names_the_field_and_reason_once(case, where, monk
     bidding.install(app)
 
     # given a task whose retry policy is a dict with a bad field: on the task, or in a call
-    @app.task(base=bidding.BiddingTask, name="demo.tasks.extract", required_skills=["x"],
-              retry_policy=policy if where == "task-retry_policy" else None, shared=False)
+    @app.task(
+        base=bidding.BiddingTask,
+        name="demo.tasks.extract",
+        required_skills=["x"],
+        retry_policy=policy if where == "task-retry_policy" else None,
+        shared=False,
+    )
     def extract() -> None:
         """The task body never runs: the call is refused before it is announced."""
 
@@ -559,8 +611,12 @@ def test_strategy_object_is_recorded_by_its_name():
     path = "tests.unit.test_announce:ModuleLevelStrategy"
     # then each is recorded as a name a worker can resolve
     assert build(options={"strategy": WeightedScore()}).strategy == "weighted"
-    assert build(options={"strategy": ModuleLevelStrategy},
-                 conf=settings(allowed_strategies=[path])).strategy == path
+    assert (
+        build(
+            options={"strategy": ModuleLevelStrategy}, conf=settings(allowed_strategies=[path])
+        ).strategy
+        == path
+    )
     # and without that allowance the caller refuses it at once, saying how to allow it
     with pytest.raises(ConfigurationError, match="bidding_allowed_strategies"):
         build(options={"strategy": ModuleLevelStrategy})
@@ -569,7 +625,7 @@ def test_strategy_object_is_recorded_by_its_name():
 def test_strategy_that_a_worker_cannot_import_is_refused():
     # given a strategy class defined inside a function (no importable path)
     class Local:
-        def select(self, bids, rfp, capabilities):
+        def select(self, bids, announcement, capabilities):
             return None
 
     # when it is passed as the strategy
@@ -582,24 +638,24 @@ def test_strategy_that_a_worker_cannot_import_is_refused():
 
 def test_single_string_skill_becomes_a_one_item_list():
     # given required_skills given as one string in the call options
-    rfp = build(options={"required_skills": "gpu_inference"})
+    announcement = build(options={"required_skills": "gpu_inference"})
     # then it is a list of that one skill, not of its letters
-    assert rfp.required_skills == ["gpu_inference"]
+    assert announcement.required_skills == ["gpu_inference"]
 
 
 def test_single_string_skill_on_the_task_becomes_a_one_item_list():
     # given a task whose required_skills attribute is a single string
-    rfp = build(task(required_skills="gpu"))
+    announcement = build(task(required_skills="gpu"))
     # then it is a list of that one skill
-    assert rfp.required_skills == ["gpu"]
+    assert announcement.required_skills == ["gpu"]
 
 
 def test_content_defaults_to_the_json_of_args_and_kwargs():
     # given args and kwargs
-    rfp = build(args=(1, "two", [3.5]), kwargs={"lang": "fr", "n": None})
+    announcement = build(args=(1, "two", [3.5]), kwargs={"lang": "fr", "n": None})
     # then the content is their JSON, as bidders judge it (tuple args become a list)
-    assert rfp.content == '[[1, "two", [3.5]], {"lang": "fr", "n": null}]'
-    assert json.loads(rfp.content) == [[1, "two", [3.5]], {"lang": "fr", "n": None}]
+    assert announcement.content == '[[1, "two", [3.5]], {"lang": "fr", "n": null}]'
+    assert json.loads(announcement.content) == [[1, "two", [3.5]], {"lang": "fr", "n": None}]
 
 
 def test_content_without_arguments():
@@ -610,9 +666,9 @@ def test_content_without_arguments():
 
 def test_the_announcers_schedule_to_start_timeout_is_kept_with_the_task():
     # given an announcer whose default gives winners 30 s to start
-    rfp = build(conf=settings(schedule_to_start_timeout=30.0))
+    announcement = build(conf=settings(schedule_to_start_timeout=30.0))
     # then the task carries it, so the sweepers that watch it go by the same limit
-    assert rfp.schedule_to_start_timeout == 30.0
+    assert announcement.schedule_to_start_timeout == 30.0
     # and the library's default is a finite 60 s (a winner that never starts does not keep
     # the task for ever); an announcer set to 0 gives none (0 is kept, so the sweepers do not
     # apply their own default), unless the call gives one

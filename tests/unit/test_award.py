@@ -56,9 +56,9 @@ def live(name: str, capacity: int = 4) -> LiveNode:
                     latency_ms=10.0, trust=70.0, last_heartbeat=0.0)
 
 
-def award_of(rfp: Announcement, bids: Sequence[Bid], strategy: Any = None,
+def award_of(announcement: Announcement, bids: Sequence[Bid], strategy: Any = None,
              refusals: Sequence[Refusal] = (), candidates: int = 3):
-    return decide(rfp, bids, refusals, strategy or WeightedScore(rng=random.Random(0)),
+    return decide(announcement, bids, refusals, strategy or WeightedScore(rng=random.Random(0)),
                   closed_by="all bids in", candidates=candidates)
 
 
@@ -67,7 +67,7 @@ class RefuseAll:
 
     name = "refuse_all"
 
-    def select(self, bids: Sequence[Bid], rfp: Announcement,
+    def select(self, bids: Sequence[Bid], announcement: Announcement,
                capabilities: Mapping[str, NodeCapability]) -> Bid | None:
         return None
 
@@ -78,7 +78,7 @@ class CostAwareStrategy:
     def __init__(self, max_tokens: int = 1000):
         self.max_tokens = max_tokens
 
-    async def select(self, bids: Sequence[Bid], rfp: Announcement,
+    async def select(self, bids: Sequence[Bid], announcement: Announcement,
                      capabilities: Mapping[str, NodeCapability]) -> Bid | None:
         affordable = [b for b in bids if b.metadata.get("estimated_tokens", 0) <= self.max_tokens]
         if not affordable:
@@ -91,38 +91,38 @@ class CostAwareStrategy:
 
 def test_ineligible_when_confidence_below_min_confidence():
     # given a task requiring confidence 0.6 and a bid at 0.55
-    rfp = make_rfp(min_confidence=0.6)
+    announcement = make_rfp(min_confidence=0.6)
     # when its eligibility is checked
-    why = ineligibility(make_bid("a", confidence=0.55), rfp)
+    why = ineligibility(make_bid("a", confidence=0.55), announcement)
     # then the reason names both numbers
     assert why == "confidence 0.55 below min_confidence 0.60"
 
 
 def test_ineligible_when_trust_below_min_trust():
     # given a task requiring trust 60 and a bid from a node trusted 42.5
-    rfp = make_rfp(min_trust=60)
+    announcement = make_rfp(min_trust=60)
     # when its eligibility is checked
-    why = ineligibility(make_bid("a", trust=42.5), rfp)
+    why = ineligibility(make_bid("a", trust=42.5), announcement)
     # then the reason names both numbers
     assert why == "trust 42.5 below min_trust 60.0"
 
 
 def test_ineligible_when_cost_above_budget():
     # given a task with budget 0.05 and a bid costing 0.1
-    rfp = make_rfp(budget=0.05)
+    announcement = make_rfp(budget=0.05)
     # when its eligibility is checked
-    why = ineligibility(make_bid("a", cost=0.1), rfp)
+    why = ineligibility(make_bid("a", cost=0.1), announcement)
     # then the reason names the cost and the budget
     assert why == "cost 0.1000 exceeds remaining budget 0.0500"
 
 
 def test_eligible_bid_has_no_reason():
     # given a bid meeting every threshold exactly (confidence 0.5, trust 50, cost == budget)
-    rfp = make_rfp(min_confidence=0.5, min_trust=50, budget=0.1)
+    announcement = make_rfp(min_confidence=0.5, min_trust=50, budget=0.1)
     bid = make_bid("a", confidence=0.5, trust=50.0, cost=0.1)
     # when its eligibility is checked
     # then it is eligible: the thresholds are inclusive
-    assert ineligibility(bid, rfp) is None
+    assert ineligibility(bid, announcement) is None
 
 
 def test_no_budget_means_any_cost_is_eligible():
@@ -136,9 +136,9 @@ def test_no_budget_means_any_cost_is_eligible():
 
 def test_no_candidates_fails_with_no_bidders_registered():
     # given an auction that had no candidate at all for skill "gpu"
-    rfp = make_rfp(required_skills=["gpu"])
+    announcement = make_rfp(required_skills=["gpu"])
     # when it is decided
-    award = award_of(rfp, [], candidates=0)
+    award = award_of(announcement, [], candidates=0)
     # then it fails with seed 001's "No bidders registered", naming the skill
     assert award.outcome == "failed"
     assert award.winner is None
@@ -170,9 +170,9 @@ def test_only_refusals_lists_every_refusal_reason():
 
 def test_no_answers_at_all_names_candidates_and_window():
     # given two candidates that did not answer within a 1.5 s window
-    rfp = make_rfp(window=1.5)
+    announcement = make_rfp(window=1.5)
     # when the auction is decided
-    award = award_of(rfp, [], candidates=2)
+    award = award_of(announcement, [], candidates=2)
     # then the message counts the candidates and states the window
     assert award.outcome == "failed"
     assert award.error == "No bids received: none of 2 candidate(s) answered within 1.5s"
@@ -180,10 +180,10 @@ def test_no_answers_at_all_names_candidates_and_window():
 
 def test_all_bids_below_min_confidence():
     # given two bids, both below min_confidence 0.7
-    rfp = make_rfp(min_confidence=0.7)
+    announcement = make_rfp(min_confidence=0.7)
     bids = [make_bid("a", confidence=0.6), make_bid("b", confidence=0.5)]
     # when the auction is decided
-    award = award_of(rfp, bids)
+    award = award_of(announcement, bids)
     # then it fails with seed 001's "No bids met minimum confidence"
     assert award.outcome == "failed"
     assert award.winner is None
@@ -205,10 +205,10 @@ def test_all_bids_below_min_confidence():
 
 def test_mixed_ineligibility_reasons_say_no_valid_bids():
     # given one bid below min_confidence and one over budget
-    rfp = make_rfp(min_confidence=0.6, budget=0.5)
+    announcement = make_rfp(min_confidence=0.6, budget=0.5)
     bids = [make_bid("a", confidence=0.4), make_bid("b", cost=0.75)]
     # when the auction is decided
-    award = award_of(rfp, bids)
+    award = award_of(announcement, bids)
     # then the error is "No valid bids" with both reasons (not the confidence message)
     assert award.outcome == "failed"
     assert award.error == (
@@ -234,14 +234,14 @@ def test_strategy_that_selects_none_fails_the_auction():
 
 def test_best_bid_wins_and_every_bid_is_scored():
     # given a task requiring "x" and three bids: a (0.9, has x), b (0.7, has x), c (too unsure)
-    rfp = make_rfp(required_skills=["x"], min_confidence=0.5)
+    announcement = make_rfp(required_skills=["x"], min_confidence=0.5)
     bids = [
         make_bid("a", confidence=0.9, skills=["x"]),
         make_bid("b", confidence=0.7, skills=["x", "y"]),
         make_bid("c", confidence=0.3, skills=["x"]),
     ]
     # when the default strategy decides
-    award = award_of(rfp, bids, strategy=resolve_strategy("weighted"), candidates=3)
+    award = award_of(announcement, bids, strategy=resolve_strategy("weighted"), candidates=3)
     # then a wins with 0.6 * 0.9 + 0.4 * 1.0
     assert award.outcome == "awarded"
     assert award.winner == "a"
@@ -265,23 +265,23 @@ def test_best_bid_wins_and_every_bid_is_scored():
 
 def test_ineligible_best_bid_does_not_win():
     # given the most confident bid is over budget
-    rfp = make_rfp(budget=1.0)
+    announcement = make_rfp(budget=1.0)
     bids = [make_bid("rich", confidence=0.95, cost=2.0), make_bid("cheap", confidence=0.6)]
     # when decided
-    award = award_of(rfp, bids)
+    award = award_of(announcement, bids)
     # then the eligible one wins
     assert award.winner == "cheap"
 
 
 def test_agent_judgment_reasoning_is_on_the_winners_score():
     # given a judge that picks b, with its reasoning
-    def judge(bids, rfp, capabilities):
+    def judge(bids, announcement, capabilities):
         return Judgment(selected_agent_id="b", reasoning="b knows the domain")
 
-    rfp = make_rfp(required_skills=["x"])
+    announcement = make_rfp(required_skills=["x"])
     bids = [make_bid("a", confidence=0.9), make_bid("b", confidence=0.6)]
     # when AgentJudgment decides
-    award = award_of(rfp, bids, strategy=AgentJudgment(judge=judge))
+    award = award_of(announcement, bids, strategy=AgentJudgment(judge=judge))
     # then the judge's pick wins, although the fallback scores favour a
     assert award.outcome == "awarded"
     assert award.winner == "b"
@@ -296,7 +296,7 @@ def test_agent_judgment_reasoning_is_on_the_winners_score():
 
 def test_agent_judgment_fallback_reason_when_judge_names_a_non_bidder():
     # given a judge that names a node that did not bid
-    def judge(bids, rfp, capabilities):
+    def judge(bids, announcement, capabilities):
         return Judgment(selected_agent_id="ghost", reasoning="ghost is best")
 
     bids = [make_bid("a", confidence=0.9), make_bid("b", confidence=0.6)]
@@ -326,9 +326,9 @@ def test_async_custom_strategy_decides():
 
 def test_award_carries_task_id_and_attempt():
     # given the second attempt of a task
-    rfp = make_rfp(task_id="t-42", attempt=2)
+    announcement = make_rfp(task_id="t-42", attempt=2)
     # when decided
-    award = decide(rfp, [make_bid("a", task_id="t-42", attempt=2)], [], WeightedScore(),
+    award = decide(announcement, [make_bid("a", task_id="t-42", attempt=2)], [], WeightedScore(),
                    closed_by="deadline", candidates=1)
     # then the award names that task and attempt and what closed it
     assert (award.task_id, award.attempt, award.closed_by) == ("t-42", 2, "deadline")
@@ -426,12 +426,12 @@ def test_fallback_without_live_nodes_is_none():
 def simulate_awards(strategy: Any, n_awards: int, refresh: bool = True) -> Counter[str]:
     # three equal bids, all made while their 2-process nodes were idle (as concurrent
     # auctions' bids are), awarded one after another; each award reserves its node
-    rfp = make_rfp(required_skills=["x"])
+    announcement = make_rfp(required_skills=["x"])
     bids = [make_bid(n, confidence=0.8, in_flight=0, capacity=2, load=1.0) for n in "abc"]
     counts: dict[str, int] = {}
     for _ in range(n_awards):
         seen = refresh_loads(bids, counts) if refresh else bids
-        award = decide(rfp, seen, [], strategy, closed_by="all bids in", candidates=3)
+        award = decide(announcement, seen, [], strategy, closed_by="all bids in", candidates=3)
         assert award.winner is not None
         counts[award.winner] = counts.get(award.winner, 0) + 1
     return Counter(counts)

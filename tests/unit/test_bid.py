@@ -19,8 +19,7 @@ from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
 from bidding.store import write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Episode, Node
+from bidding.store.schema import AnnouncementRow, Episode, Node
 
 NOW = 10_000.0
 
@@ -37,9 +36,9 @@ REDFIN = NodeProfile(name="redfin", capabilities=["gpu", "nlp"], capacity=4,
                      price_per_unit=0.02, latency_ms=40, trust=70)
 
 
-def bid_of(rfp: Announcement, history: NodeHistory | None = None,
+def bid_of(announcement: Announcement, history: NodeHistory | None = None,
            profile: NodeProfile = REDFIN) -> Bid:
-    answer = compute_bid(rfp, profile, history or NodeHistory(), now=NOW)
+    answer = compute_bid(announcement, profile, history or NodeHistory(), now=NOW)
     assert isinstance(answer, Bid), answer
     return answer
 
@@ -66,7 +65,7 @@ def record(session: Session, episodes: list[Episode]) -> None:
         count_episode(session, e.node, bool(e.success))
 
 
-def announcement(task_id: str, state: str, node: str | None) -> AnnouncementRow:
+def announcement_row(task_id: str, state: str, node: str | None) -> AnnouncementRow:
     return AnnouncementRow(task_id=task_id, task_name="demo.work", task_type="extraction",
                            strategy="weighted", state=state, assigned_node=node,
                            announced_at=NOW - 5, closes_at=NOW - 3)
@@ -77,9 +76,9 @@ def announcement(task_id: str, state: str, node: str | None) -> AnnouncementRow:
 
 def test_refuses_when_no_required_skill_matches():
     # given a task needing skills redfin does not have
-    rfp = make_rfp(required_skills=["quantum", "sql"], attempt=2)
+    announcement = make_rfp(required_skills=["quantum", "sql"], attempt=2)
     # when redfin answers
-    answer = compute_bid(rfp, REDFIN, NodeHistory(), now=NOW)
+    answer = compute_bid(announcement, REDFIN, NodeHistory(), now=NOW)
     # then it refuses, naming the needed skills and its own
     assert isinstance(answer, Refusal)
     assert answer.reason == "no matching capability: task needs quantum, sql; node has gpu, nlp"
@@ -97,9 +96,9 @@ def test_one_matching_skill_is_enough_to_bid():
 
 def test_refuses_when_the_deadline_has_passed():
     # given a task whose deadline was one second ago
-    rfp = make_rfp(required_skills=["gpu"], deadline=NOW - 1)
+    announcement = make_rfp(required_skills=["gpu"], deadline=NOW - 1)
     # when redfin answers
-    answer = compute_bid(rfp, REDFIN, NodeHistory(), now=NOW)
+    answer = compute_bid(announcement, REDFIN, NodeHistory(), now=NOW)
     # then it refuses
     assert isinstance(answer, Refusal)
     assert answer.reason == "deadline passed"
@@ -120,9 +119,9 @@ def test_bid_numbers_come_from_scoring():
     # episodes succeeded overall, and a task of 5 units needing gpu
     history = NodeHistory(outcomes=(True, True, False, True), recent_failures=1, in_flight=3,
                           attempts=10, successes=10)
-    rfp = make_rfp(required_skills=["gpu"], units=5, content="short task")
+    announcement = make_rfp(required_skills=["gpu"], units=5, content="short task")
     # when redfin bids
-    bid = bid_of(rfp, history)
+    bid = bid_of(announcement, history)
     # then every number is the one bidding.scoring computes
     assert bid.capability == 1.0
     assert bid.experience == 0.75
@@ -221,14 +220,14 @@ def test_history_reads_episodes_and_in_flight_work(store_url):
             episode("x2", "bluefin", "extraction", True, NOW - 2),
         ])
         session.add_all([
-            announcement("a1", lifecycle.ASSIGNED, "redfin"),
-            announcement("a2", lifecycle.EXECUTING, "redfin"),
-            announcement("a3", lifecycle.EXECUTING, "redfin"),
-            announcement("a4", lifecycle.SUCCESS, "redfin"),
-            announcement("a5", lifecycle.FAILED, "redfin"),
-            announcement("a6", lifecycle.BIDDING, None),
-            announcement("a7", lifecycle.PENDING, None),
-            announcement("a8", lifecycle.ASSIGNED, "bluefin"),
+            announcement_row("a1", lifecycle.ASSIGNED, "redfin"),
+            announcement_row("a2", lifecycle.EXECUTING, "redfin"),
+            announcement_row("a3", lifecycle.EXECUTING, "redfin"),
+            announcement_row("a4", lifecycle.SUCCESS, "redfin"),
+            announcement_row("a5", lifecycle.FAILED, "redfin"),
+            announcement_row("a6", lifecycle.BIDDING, None),
+            announcement_row("a7", lifecycle.PENDING, None),
+            announcement_row("a8", lifecycle.ASSIGNED, "bluefin"),
         ])
     settings = store_settings(store_url, experience_window=3, recent_failure_seconds=100)
     # when redfin's history for "extraction" is gathered
@@ -287,7 +286,7 @@ def test_gathered_history_feeds_the_bid(store_url):
     with write_session(store_url) as session:
         record(session, [episode("e1", "redfin", "extraction", True, NOW - 10),
                          episode("e2", "redfin", "extraction", True, NOW - 20)])
-        session.add(announcement("a1", lifecycle.EXECUTING, "redfin"))
+        session.add(announcement_row("a1", lifecycle.EXECUTING, "redfin"))
     history = gather_history(store_settings(store_url), "redfin", "extraction", now=NOW)
     # when redfin bids on an extraction task
     bid = bid_of(make_rfp(task_type="extraction"), history)

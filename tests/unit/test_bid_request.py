@@ -32,26 +32,26 @@ def test_a_bid_request_reads_back_as_it_was_written() -> None:
 def test_a_request_sent_by_the_previous_version_is_read() -> None:
     # given the two forms the previous version sent: on the Redis board, stamped with the
     # node's history version; on a kombu queue, with neither a version nor a partial flag
-    rfp = make_rfp(args=[1, "two"])
+    announcement = make_rfp(args=[1, "two"])
     on_redis = ('{"history_version": 4, "node": "a", "expires_at": 12.5, "expected": 2, '
-                '"partial": true, "announcement": ' + rfp.model_dump_json() + "}")
-    on_kombu = json.dumps({"announcement": rfp.model_dump(mode="json"), "node": "b",
+                '"partial": true, "announcement": ' + announcement.model_dump_json() + "}")
+    on_kombu = json.dumps({"announcement": announcement.model_dump(mode="json"), "node": "b",
                            "expires_at": 12.5, "expected": 2})
     # when a node of this version reads them, then it reads what was sent
     assert BidRequest.from_json(on_redis) == BidRequest(
-        announcement=rfp, node="a", expires_at=12.5, expected=2, partial=True,
+        announcement=announcement, node="a", expires_at=12.5, expected=2, partial=True,
         history_version=4)
     assert BidRequest.from_json(on_kombu) == BidRequest(
-        announcement=rfp, node="b", expires_at=12.5, expected=2)
+        announcement=announcement, node="b", expires_at=12.5, expected=2)
 
 
 def test_a_node_of_the_previous_version_reads_a_request_of_this_one() -> None:
     # given a request sent by this version (no history version: the node reads its own)
-    rfp = make_rfp()
-    sent = json.loads(BidRequest(announcement=rfp, node="a", expires_at=9.0,
+    announcement = make_rfp()
+    sent = json.loads(BidRequest(announcement=announcement, node="a", expires_at=9.0,
                                  expected=2).to_json())
     # when the previous version's reader takes it apart, then it finds what it looked for
-    assert Announcement.model_validate(sent["announcement"]) == rfp
+    assert Announcement.model_validate(sent["announcement"]) == announcement
     assert (str(sent["node"]), float(sent.get("expires_at") or 0),
             int(sent.get("expected") or 0), not sent.get("partial"),
             sent.get("history_version")) == ("a", 9.0, 2, True, None)

@@ -27,7 +27,7 @@ from pydantic_ai.models.test import TestModel
 from bidding import BidResponse
 from bidding.auction.bidder import node_bidder, resolve_bidder
 from bidding.auction.candidates import split_by_bidder
-from bidding.auction.llm_bidder import rfp_prompt, system_prompt
+from bidding.auction.llm_bidder import announcement_prompt, system_prompt
 from bidding.auction.request_view import bidder_view
 from bidding.auction.response import InvalidResponse, judged
 from bidding.errors import ProfileError
@@ -52,16 +52,16 @@ def draft() -> Bid:
 
 # Bidders the tests' profiles name by dotted path -----------------------------------------
 
-def refuse_long_documents(rfp: Any, draft: Bid) -> BidResponse | None:
+def refuse_long_documents(announcement: Any, draft: Bid) -> BidResponse | None:
     """Refuses content over 100 characters; keeps the draft otherwise."""
-    if len(rfp.content) > 100:
+    if len(announcement.content) > 100:
         return BidResponse(will_bid=False, confidence=0.0, proposal="",
                            reasoning=f"documents over 100 characters take me too long "
-                                     f"({len(rfp.content)})")
+                                     f"({len(announcement.content)})")
     return None
 
 
-async def confident_async(rfp: Any, draft: Bid) -> dict[str, Any]:
+async def confident_async(announcement: Any, draft: Bid) -> dict[str, Any]:
     await asyncio.sleep(0)
     return {"will_bid": True, "confidence": 0.9, "proposal": "async plan", "reasoning": "fast"}
 
@@ -69,15 +69,15 @@ async def confident_async(rfp: Any, draft: Bid) -> dict[str, Any]:
 NOT_A_FUNCTION = 42
 
 
-def asleep(rfp: Any, draft: Bid) -> None:
+def asleep(announcement: Any, draft: Bid) -> None:
     time.sleep(2)
 
 
-def broken(rfp: Any, draft: Bid) -> None:
+def broken(announcement: Any, draft: Bid) -> None:
     raise RuntimeError("model endpoint down")
 
 
-def returns_a_number(rfp: Any, draft: Bid) -> int:
+def returns_a_number(announcement: Any, draft: Bid) -> int:
     return 7
 
 
@@ -379,9 +379,15 @@ def test_llm_bidder_with_a_function_model_refuses_one_kind_of_task() -> None:
     done = threading.Semaphore(0)
     # when it is asked about a legal review and about a summary
     for task_type in ("legal_review", "summary"):
-        rfp = make_rfp(task_type=task_type, required_skills=["nlp"], content="Review clause 4",
-                       args=["contract.pdf"])
-        bidder.ask(rfp, bid_of(rfp), None, lambda a: (answers.append(a), done.release()))
+        announcement = make_rfp(
+            task_type=task_type,
+            required_skills=["nlp"],
+            content="Review clause 4",
+            args=["contract.pdf"],
+        )
+        bidder.ask(
+            announcement, bid_of(announcement), None, lambda a: (answers.append(a), done.release())
+        )
         assert done.acquire(timeout=5)
     # then it refuses the first, with its reasoning, and bids on the second with its proposal
     refusal, bid = answers
@@ -396,63 +402,74 @@ def test_llm_bidder_with_a_function_model_refuses_one_kind_of_task() -> None:
 
 def test_the_llm_bidders_system_prompt_is_seed_001s() -> None:
     prompt = system_prompt(llm_profile("test"))
-    assert prompt.startswith("You are redfin, specializing in: gpu, nlp.\n\n"
-                             "GPU inference and NLP\n\n")
+    assert prompt.startswith(
+        "You are redfin, specializing in: gpu, nlp.\n\nGPU inference and NLP\n\n"
+    )
     assert "Set will_bid=True only if your skills match." in prompt
     assert system_prompt(llm_profile("test", prompt="Bid on everything.")) == (
-        "Bid on everything.")
+        "Bid on everything."
+    )
     # and a table description comes before the profile's
-    assert "\n\nTranslations\n\n" in system_prompt(llm_profile("test",
-                                                               description="Translations"))
+    assert "\n\nTranslations\n\n" in system_prompt(llm_profile("test", description="Translations"))
 
 
 def test_the_rfp_prompt_says_what_was_cut() -> None:
-    rfp = make_rfp(content="x" * 50, truncated={"content": 90_000})
-    assert "Shortened for this request: content (90000 characters)" in rfp_prompt(rfp, draft())
+    announcement = make_rfp(content="x" * 50, truncated={"content": 90_000})
+    assert "Shortened for this request: content (90000 characters)" in announcement_prompt(
+        announcement, draft()
+    )
 
 
 # --- what a bid request shows a bidder -----------------------------------------------------
 
 
 def test_a_small_task_is_shown_whole() -> None:
-    rfp = make_rfp(content="Summarize this", args=["a"], kwargs={"k": 1}, budget=2.0)
-    view, full = bidder_view(rfp, 8192)
-    assert full and view is rfp
+    announcement = make_rfp(content="Summarize this", args=["a"], kwargs={"k": 1}, budget=2.0)
+    view, full = bidder_view(announcement, 8192)
+    assert full and view is announcement
 
 
 def test_the_canvas_exclusions_and_last_error_are_hidden() -> None:
     # given a retry of a task in a chain, after another node failed it
-    rfp = make_rfp(canvas=CanvasOptions(chain=[{"task": "next", "args": ["secret"]}],
-                                        root_id="r1", parent_id="p1"),
-                   exclude_nodes=["bluefin"], last_error="bluefin: disk full", attempt=2)
+    announcement = make_rfp(
+        canvas=CanvasOptions(
+            chain=[{"task": "next", "args": ["secret"]}], root_id="r1", parent_id="p1"
+        ),
+        exclude_nodes=["bluefin"],
+        last_error="bluefin: disk full",
+        attempt=2,
+    )
     # then its bidder sees none of that but the canvas's ids, and the request is partial
-    view, full = bidder_view(rfp, 8192)
+    view, full = bidder_view(announcement, 8192)
     assert not full
     assert view.canvas == CanvasOptions(root_id="r1", parent_id="p1")
     assert view.exclude_nodes == [] and view.last_error is None
-    assert (view.task_id, view.attempt) == (rfp.task_id, 2)
+    assert (view.task_id, view.attempt) == (announcement.task_id, 2)
 
 
 def test_a_task_called_from_another_tasks_body_is_shown_whole() -> None:
     # given a task whose canvas has only ids (called from inside another task, or in a group)
-    rfp = make_rfp(canvas=CanvasOptions(root_id="r1", parent_id="p1", group_id="g1",
-                                        group_index=0))
+    announcement = make_rfp(
+        canvas=CanvasOptions(root_id="r1", parent_id="p1", group_id="g1", group_index=0)
+    )
     # then its bid request is the whole announcement (no read of the store at the award)
-    view, full = bidder_view(rfp, 8192)
-    assert full and view is rfp
+    view, full = bidder_view(announcement, 8192)
+    assert full and view is announcement
 
 
 def test_long_content_and_arguments_are_cut_to_the_limit_with_their_sizes() -> None:
     # given a task with 5000 characters of content and a long document among its args
     document = "word " * 2000
-    rfp = make_rfp(content="c" * 5000, args=[document, 3], kwargs={"lang": "en"})
+    announcement = make_rfp(content="c" * 5000, args=[document, 3], kwargs={"lang": "en"})
     # when it is shown with a limit of 1000 characters
-    view, full = bidder_view(rfp, 1000)
+    view, full = bidder_view(announcement, 1000)
     # then the content is cut to 1000 characters, args and kwargs to 1000 of JSON together
     assert not full
     assert view.content == "c" * 1000
-    assert len(view.model_dump_json(include={"args"})) + len(
-        view.model_dump_json(include={"kwargs"})) < 1000 + 40
+    assert (
+        len(view.model_dump_json(include={"args"})) + len(view.model_dump_json(include={"kwargs"}))
+        < 1000 + 40
+    )
     assert view.args[0] == document[: len(view.args[0])] and len(view.args[0]) > 900
     # and the bidder is told each cut field's full size
     assert view.truncated["content"] == 5000
@@ -463,8 +480,16 @@ def test_long_content_and_arguments_are_cut_to_the_limit_with_their_sizes() -> N
 
 
 def live(name: str, bidder: str = "") -> LiveNode:
-    return LiveNode(name=name, capabilities=("gpu",), capacity=4, price_per_unit=0.01,
-                    latency_ms=50, trust=70, last_heartbeat=time.time(), bidder=bidder)
+    return LiveNode(
+        name=name,
+        capabilities=("gpu",),
+        capacity=4,
+        price_per_unit=0.01,
+        latency_ms=50,
+        trust=70,
+        last_heartbeat=time.time(),
+        bidder=bidder,
+    )
 
 
 def test_auto_proxies_builtin_bidders_and_asks_the_others() -> None:

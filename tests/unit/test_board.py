@@ -66,15 +66,23 @@ def test_the_store_board_sends_each_candidate_its_request_and_the_node_takes_its
     app = app_with("memory://")
     board = StoreBoard(store_url)
     a, b = f"a-{uuid.uuid4().hex[:8]}", f"b-{uuid.uuid4().hex[:8]}"
-    rfp = rfp_for(str(uuid.uuid4()))
-    requests = [BidRequest(announcement=rfp, node=n, expires_at=rfp.announced_at + 60,
-                           expected=2) for n in (a, b)]
+    announcement = rfp_for(str(uuid.uuid4()))
+    requests = [
+        BidRequest(
+            announcement=announcement,
+            node=n,
+            expires_at=announcement.announced_at + 60,
+            expected=2,
+        )
+        for n in (a, b)
+    ]
     answered_here: list[BidRequest] = []
     handed_over: list[BidRequest] = []
     # when the requests are sent and node b takes its own, in Celery's event loop
-    board.send_requests(app, requests, ttl=rfp.window + 1.0)
-    intake = board.consume_requests(b, answer_here=answered_here.append,
-                                    hand_over=handed_over.append)
+    board.send_requests(app, requests, ttl=announcement.window + 1.0)
+    intake = board.consume_requests(
+        b, answer_here=answered_here.append, hand_over=handed_over.append
+    )
     with app.connection_for_read() as conn:
         for consumer in intake.start(conn.default_channel):
             consumer.consume()

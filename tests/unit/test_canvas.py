@@ -51,8 +51,8 @@ def test_link_link_error_and_canvas_options_are_kept_as_plain_json(app: Celery) 
     # and outside a task there is no parent
     assert canvas.root_id is None and canvas.parent_id is None
     # and the announcement keeps it through its JSON round trip (the store's spec)
-    rfp = Announcement(task_id="t1", task_name="t.work", task_type="w", canvas=canvas)
-    assert Announcement.model_validate(rfp.model_dump(mode="json")).canvas == canvas
+    announcement = Announcement(task_id="t1", task_name="t.work", task_type="w", canvas=canvas)
+    assert Announcement.model_validate(announcement.model_dump(mode="json")).canvas == canvas
 
 
 def test_a_callback_that_is_not_json_is_refused_naming_it(app: Celery) -> None:
@@ -71,13 +71,13 @@ def test_the_execution_message_carries_the_canvas(app: Celery,
     nxt = app.tasks["t.next"]
     canvas = canvas_of(app, nxt.s(), None, {"chain": [nxt.s(9)], "root_id": "r0",
                                             "parent_id": "p0", "group_id": "g"})
-    rfp = Announcement(task_id="t1", task_name="t.work", task_type="w", args=[1],
+    announcement = Announcement(task_id="t1", task_name="t.work", task_type="w", args=[1],
                        canvas=canvas)
     sent: list[Any] = []
     monkeypatch.setattr(app.amqp, "send_task_message",
                         lambda producer, name, message, **kw: sent.append(message))
     # when the award sends its execution
-    send_execution(app, rfp, "north")
+    send_execution(app, announcement, "north")
     # then the message has them where a worker looks: the body's embed and the headers
     (message,) = sent
     embed = message.body[2]
@@ -91,7 +91,7 @@ def test_a_failure_no_worker_saw_reaches_the_errbacks_and_the_chain(
         app: Celery, monkeypatch: pytest.MonkeyPatch, store_url: str) -> None:
     # given a task with an errback and a chain after it, that fails before any attempt ran
     nxt = app.tasks["t.next"]
-    rfp = Announcement(task_id="t1", task_name="t.work", task_type="w",
+    announcement = Announcement(task_id="t1", task_name="t.work", task_type="w",
                        canvas=canvas_of(app, None, nxt.si("x"), {"chain": [nxt.s()]}))
     seen: dict[str, Any] = {}
 
@@ -105,10 +105,10 @@ def test_a_failure_no_worker_saw_reaches_the_errbacks_and_the_chain(
     monkeypatch.setattr(app.backend, "_fail_chain", fail_chain)
     error = NoBidsError("No bids received")
     # when the caller's result is failed
-    fail_caller(app, Settings(database_url=store_url), rfp, error)
+    fail_caller(app, Settings(database_url=store_url), announcement, error)
     # then the result backend stored it and handed the errbacks and chain the failure
     assert app.AsyncResult("t1").state == "FAILURE"
-    assert seen["errbacks"] == ("t1", rfp.canvas.errbacks, error)
-    assert seen["chain"] == rfp.canvas.chain
+    assert seen["errbacks"] == ("t1", announcement.canvas.errbacks, error)
+    assert seen["chain"] == announcement.canvas.chain
     # and the request is the one a worker would have had (its own root when it has none)
-    assert caller_request(rfp).root_id == "t1"
+    assert caller_request(announcement).root_id == "t1"

@@ -24,8 +24,7 @@ from bidding.observe import checking
 from bidding.observe.status import task_status
 from bidding.signals import task_escalated
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Message
+from bidding.store.schema import AnnouncementRow, Message
 from tests.unit.test_execution import NODE, assigned, row
 
 #: A compressed policy: checks 1, 2, 4 s apart, escalated at the check after the second.
@@ -50,14 +49,14 @@ def node_alive(settings: Settings, running: list[str], now: float) -> None:
 
 def delegated(settings: Settings, at: float | None = None) -> tuple[str, float]:
     """A task ASSIGNED to NODE, awarded at ``at`` (default: now); its id and award time."""
-    rfp = assigned(settings)
+    announcement = assigned(settings)
     if at is not None:
         with write_session(settings.database_url) as session:
             session.execute(update(AnnouncementRow).where(
-                AnnouncementRow.task_id == rfp.task_id).values(awarded_at=at))
-    awarded = row(settings, rfp.task_id).awarded_at
+                AnnouncementRow.task_id == announcement.task_id).values(awarded_at=at))
+    awarded = row(settings, announcement.task_id).awarded_at
     assert awarded is not None
-    return rfp.task_id, awarded
+    return announcement.task_id, awarded
 
 
 def watched(settings: Settings, task_id: str, **values: Any) -> None:

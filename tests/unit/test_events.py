@@ -42,7 +42,7 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Celery, Sent]]:
     yield celery, captured
 
 
-def rfp(attempt: int = 1) -> Announcement:
+def announcement(attempt: int = 1) -> Announcement:
     return Announcement(task_id=str(uuid.uuid4()), task_name="proj.extract", task_type="x",
                         args=["https://example.org/a.pdf"], attempt=attempt)
 
@@ -64,7 +64,7 @@ def flower_view(stream: Sent) -> list[tuple[str, str]]:
 def test_each_phase_is_the_tasks_state_in_flower_until_it_ends(
         sent: tuple[Celery, Sent]) -> None:
     celery, captured = sent
-    task = rfp()
+    task = announcement()
     # given the auction's events for a task: announced, awarded (by the auctioneer), executing
     # (by the winner's worker)
     events.announced(celery, task, candidates=2)
@@ -94,7 +94,7 @@ def test_each_phase_is_the_tasks_state_in_flower_until_it_ends(
 def test_a_retry_is_announced_again_and_a_reaward_and_escalation_are_states_too(
         sent: tuple[Celery, Sent]) -> None:
     celery, captured = sent
-    task = rfp(attempt=2)
+    task = announcement(attempt=2)
     # given a retried task (Celery's RETRY), announced again, awarded, then re-awarded
     retry = ("task-retried", {"uuid": task.task_id, "hostname": "north@h"})
     events.announced(celery, task, candidates=3)
@@ -117,7 +117,7 @@ def test_nothing_is_sent_unless_the_process_sends_task_events(
     celery.conf.task_send_sent_event = False
     celery.conf.worker_send_task_events = False
     # when the auction goes through its phases, then no event is sent
-    task = rfp()
+    task = announcement()
     events.announced(celery, task, candidates=1)
     events.awarded(celery, task, "north", "exec.north")
     assert captured == []
@@ -137,7 +137,7 @@ def test_a_send_that_fails_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(events, "_dispatcher", lambda *_: Broken())
     # when a phase is sent, then nothing is raised: events are a view
-    events.announced(celery, rfp(), candidates=1)
+    events.announced(celery, announcement(), candidates=1)
 
 
 def test_each_process_publishes_with_its_own_dispatcher_per_sender() -> None:

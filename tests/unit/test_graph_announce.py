@@ -22,8 +22,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Graph, GraphStep, Message
+from bidding.store.schema import AnnouncementRow, Graph, GraphStep, Message
 
 #: A task without subtasks: one step, one auction for the capability.
 SINGLE: dict[str, Any] = {

@@ -66,47 +66,53 @@ def test_an_outcome_recorded_again_after_its_commit_landed_returns_the_stored_ve
         settings: Settings, case: str) -> None:
     fields, outcome, state, kind = CASES[case]
     # given an attempt whose outcome was recorded, its commit landed
-    rfp = assigned(settings, **fields)
-    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    announcement = assigned(settings, **fields)
+    run = execution.begin(settings, announcement.task_id, 1, NODE, PRICE)
     first = record(settings, run, outcome)
-    logged = log(settings, rfp.task_id)
-    assert row(settings, rfp.task_id).state == state and logged[-1][0] == kind
+    logged = log(settings, announcement.task_id)
+    assert row(settings, announcement.task_id).state == state and logged[-1][0] == kind
     # when the write is tried again (its reply was lost with the connection)
     again = record(settings, run, outcome)
     # then it says what the first said
     assert shown(again) == shown(first)
     # and the store is as the first left it, its log too
-    assert row(settings, rfp.task_id).state == state
-    assert log(settings, rfp.task_id) == logged
+    assert row(settings, announcement.task_id).state == state
+    assert log(settings, announcement.task_id) == logged
 
 
 def test_a_failure_recorded_again_after_its_commit_landed_keeps_the_retry_once_announced(
         settings: Settings) -> None:
     # given an attempt whose failure moved the task to RETRYING, then to its next auction
-    rfp = assigned(settings, retry_policy=RetryPolicy(max_retries=2, base_ms=1000))
-    run = execution.begin(settings, rfp.task_id, 1, NODE, PRICE)
+    announcement = assigned(settings, retry_policy=RetryPolicy(max_retries=2, base_ms=1000))
+    run = execution.begin(settings, announcement.task_id, 1, NODE, PRICE)
     first = execution.fail(settings, run, ValueError("boom"), random.Random(1))
     with write_session(settings.database_url) as session:
-        assert transition(session, rfp.task_id, lifecycle.BIDDING, Log(journal.ANNOUNCED),
+        assert transition(session, announcement.task_id, lifecycle.BIDDING, Log(journal.ANNOUNCED),
                           Expect(attempt=2), due_at=None)
     # when the failure's write is tried again
     again = execution.fail(settings, run, ValueError("boom"), random.Random(1))
     # then it still says retry (the task is the next attempt's, not failed)
     assert shown(again) == shown(first) == (1.0, None, None)
-    assert (row(settings, rfp.task_id).state, row(settings, rfp.task_id).attempt) == (
-        lifecycle.BIDDING, 2)
+    assert (
+        row(settings, announcement.task_id).state,
+        row(settings, announcement.task_id).attempt,
+    ) == (lifecycle.BIDDING, 2)
 
 
 # --- what the caller gets -------------------------------------------------------------------
 
+
 def node_app(url: str, profile: Path) -> Celery:
     """The app of node n1 (price 0.5 per unit, its profile at ``profile``), whose task
     ``t.noop`` returns its argument, or raises it."""
-    profile.write_text(f'name = "{NODE}"\ncapabilities = ["s1", "s2"]\n'
-                       f"price_per_unit = {PRICE}\n")
+    profile.write_text(f'name = "{NODE}"\ncapabilities = ["s1", "s2"]\nprice_per_unit = {PRICE}\n')
     app = Celery("node", set_as_current=False)
-    app.conf.update(celery_conf("memory://", "cache+memory://"), bidding_database_url=url,
-                    bidding_auto_migrate=False, bidding_profile=str(profile))
+    app.conf.update(
+        celery_conf("memory://", "cache+memory://"),
+        bidding_database_url=url,
+        bidding_auto_migrate=False,
+        bidding_profile=str(profile),
+    )
 
     @app.task(shared=False, base=bidding.BiddingTask, name="t.noop")
     def noop(outcome: Any) -> Any:
@@ -128,8 +134,12 @@ def reply_lost_after_commit(wrapped: str, monkeypatch: pytest.MonkeyPatch) -> It
     def lost(session: Session) -> None:
         if armed:
             armed.clear()
-            raise OperationalError("COMMIT", {}, ConnectionError(
-                "server closed the connection unexpectedly"), connection_invalidated=True)
+            raise OperationalError(
+                "COMMIT",
+                {},
+                ConnectionError("server closed the connection unexpectedly"),
+                connection_invalidated=True,
+            )
 
     original: Callable[..., execution.Verdict] = getattr(execution, wrapped)
 
@@ -149,15 +159,21 @@ def reply_lost_after_commit(wrapped: str, monkeypatch: pytest.MonkeyPatch) -> It
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_on_postgresql_the_caller_gets_the_stored_outcome_when_its_reply_was_lost(
-        monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str) -> None:
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, case: str
+) -> None:
     fields, outcome, state, kind = CASES[case]
     with postgres_database() as url:
         settings = Settings(database_url=url, auto_migrate=False)
         task = node_app(url, tmp_path / "n1.toml").tasks["t.noop"]
         # given an attempt on its node, whose outcome's commit lands and whose reply is lost
-        rfp = assigned(settings, **fields)
-        task.push_request(id=rfp.task_id, called_directly=False, delivery_info={},
-                          headers={ATTEMPT_HEADER: 1, NODE_HEADER: NODE}, hostname=None)
+        announcement = assigned(settings, **fields)
+        task.push_request(
+            id=announcement.task_id,
+            called_directly=False,
+            delivery_info={},
+            headers={ATTEMPT_HEADER: 1, NODE_HEADER: NODE},
+            hostname=None,
+        )
         wrapped = "fail" if isinstance(outcome, BaseException) else "complete"
         try:
             with reply_lost_after_commit(wrapped, monkeypatch) as calls:
@@ -171,18 +187,18 @@ def test_on_postgresql_the_caller_gets_the_stored_outcome_when_its_reply_was_los
         # then the outcome was written twice (the second after the lost reply)
         assert len(calls) == 2
         # and the caller gets the outcome the store holds
-        assert row(settings, rfp.task_id).state == state
+        assert row(settings, announcement.task_id).state == state
         if state == lifecycle.SUCCESS:
             assert got == outcome
         elif state == lifecycle.RETRYING:
             assert isinstance(got, Retry) and got.when == 1.0
         elif kind == journal.OUTPUT_INVALID:
             assert isinstance(got, OutputValidationError)
-            assert str(got) == row(settings, rfp.task_id).error
+            assert str(got) == row(settings, announcement.task_id).error
         elif kind == journal.COST_EXCEEDED:
             assert isinstance(got, CostExceededError)
-            assert str(got) == f"task {rfp.task_id}: spent 0.5000 of budget 0.1000"
+            assert str(got) == f"task {announcement.task_id}: spent 0.5000 of budget 0.1000"
         else:  # the body's own exception
             assert got is outcome
         # and the log says it once
-        assert log(settings, rfp.task_id)[-1][0] == kind
+        assert log(settings, announcement.task_id)[-1][0] == kind

@@ -34,10 +34,10 @@ def submit(settings: Settings, task_type: str, *, defer: bool = False) -> str:
     announcement)."""
     fallbacks = Fallbacks(on_capability_unavailable="defer", defer_seconds=0,
                           max_deferrals=1) if defer else Fallbacks()
-    rfp = Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type=task_type,
+    announcement = Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type=task_type,
                        required_skills=["nobody_has_it"], fallbacks=fallbacks)
-    assert open_auction(app(), settings, rfp, new=True)
-    return rfp.task_id
+    assert open_auction(app(), settings, announcement, new=True)
+    return announcement.task_id
 
 
 def corrupt(settings: Settings, task_id: str, of: str, **values: Any) -> None:

@@ -26,8 +26,7 @@ from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache, live_nodes
 from bidding.store import write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import Node
+from bidding.store.schema import AnnouncementRow, Node
 from tests.unit.test_execution import assigned, log, row
 from tests.unit.test_review_holes import bidding_row
 
@@ -37,7 +36,7 @@ def app() -> Celery:
     return Celery("t", broker="memory://", backend="cache+memory://", set_as_current=False)
 
 
-def rfp(**fields: Any) -> Announcement:
+def announcement(**fields: Any) -> Announcement:
     return Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type="work",
                         required_skills=["ocr"], **fields)
 
@@ -54,7 +53,7 @@ def test_a_task_waits_for_a_capable_node_that_is_reconnecting(settings: Settings
     mark_offline(settings, "scanner")
     invalidate_cache()
     # when a task for ocr is announced
-    task = rfp()
+    task = announcement()
     assert open_auction(app(), settings, task, new=True)
     # then it waits to be announced again in a heartbeat interval, not counted as a deferral
     found = row(settings, task.task_id)
@@ -78,7 +77,7 @@ def test_a_task_nobody_can_be_coming_back_for_fails_at_once(settings: Settings,
                 last_heartbeat=time.time() - settings.heartbeat_ttl - settings.liveness_grace - 1))
     invalidate_cache()
     # when a task for ocr is announced
-    task = rfp()
+    task = announcement()
     open_auction(app(), settings, task, new=True)
     # then it fails fast with seed 001's outcome
     found = row(settings, task.task_id)
@@ -99,7 +98,7 @@ def test_a_caller_whose_cached_node_list_predates_a_reconnect_does_not_fail_the_
     # not told) and a task for ocr is announced within the cache's second
     with write_session(settings.database_url) as session:
         session.execute(update(Node).values(status="online", last_heartbeat=time.time()))
-    task = rfp()
+    task = announcement()
     assert open_auction(app(), settings, task, new=True)
     # then the task is not failed with "No bidders registered": the node is its candidate
     # and wins it
@@ -117,7 +116,7 @@ def test_a_node_whose_heartbeats_failed_a_moment_ago_is_waited_for(settings: Set
             last_heartbeat=time.time() - settings.heartbeat_ttl - 2))
     invalidate_cache()
     # when a task for ocr is announced
-    task = rfp()
+    task = announcement()
     assert open_auction(app(), settings, task, new=True)
     # then it waits for the node, within the grace period, instead of failing at once
     found = row(settings, task.task_id)
@@ -146,7 +145,7 @@ def test_a_caller_outlasts_a_dropped_store_connection_while_reading_the_live_nod
         return real(*args, **kwargs)
 
     monkeypatch.setattr(registry, "query_live_nodes", dropped)
-    task = rfp()
+    task = announcement()
     # when a task for ocr is announced
     if settings.database_url.startswith("sqlite"):
         # (SQLite has no connection to drop: its errors are raised as they are)
@@ -193,7 +192,7 @@ def test_an_award_whose_commit_landed_and_whose_reply_was_lost_goes_on(
         monkeypatch.setattr(award_module, "write_award", marked)
         event.listen(Session, "after_commit", lost)
         try:
-            task = rfp(bid_mode="proxy")
+            task = announcement(bid_mode="proxy")
             # when a task for ocr is announced (its row, bids and award in one commit)
             assert open_auction(app(), settings, task, new=True)
         finally:
@@ -229,7 +228,7 @@ def test_an_announcement_whose_commit_landed_and_whose_reply_was_lost_is_accepte
 
         event.listen(Session, "after_commit", lost)
         try:
-            task = rfp(bid_mode="ask")
+            task = announcement(bid_mode="ask")
             # when the task is announced (its write is tried again, as every caller's is)
             assert open_auction(app(), settings, task, new=True)
         finally:
@@ -252,7 +251,7 @@ def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reaso
         raise ConnectionError("broker down")
 
     monkeypatch.setattr(routes_module, "request_bids", down)
-    task = rfp(bid_mode="ask")
+    task = announcement(bid_mode="ask")
     # when it is announced, the caller gets the error
     with pytest.raises(ConnectionError):
         open_auction(app(), settings, task, new=True)
@@ -309,10 +308,10 @@ def test_a_task_still_running_is_not_reported(settings: Settings) -> None:
 def test_an_announcers_zero_schedule_to_start_means_no_limit_on_every_node() -> None:
     # given a task announced with no schedule-to-start limit, watched by a sweeper whose own
     # default is 60 s
-    task = rfp(schedule_to_start_timeout=0)
+    task = announcement(schedule_to_start_timeout=0)
     # then the sweeper applies none
     assert start_by(Settings(schedule_to_start_timeout=60), task, 100.0) is None
-    assert start_by(Settings(schedule_to_start_timeout=60), rfp(), 100.0) == 160.0
+    assert start_by(Settings(schedule_to_start_timeout=60), announcement(), 100.0) == 160.0
 
 
 @pytest.mark.parametrize("answers", ["none", "a failed bid"])
@@ -322,7 +321,7 @@ def test_an_auction_no_candidate_answered_is_announced_again_then_fails(
     # given an open auction whose one candidate never answers (killed before its heartbeat
     # expired), or answers only that it could not bid (its store restarting)
     settings = settings.model_copy(update={"silent_rounds": 2})
-    task = rfp(bid_mode="ask")
+    task = announcement(bid_mode="ask")
     bidding_row(settings, task, ["scanner"])
     if answers == "a failed bid":
         StoreBoard(settings.database_url).post(
@@ -348,7 +347,7 @@ def test_an_auction_no_candidate_answered_is_announced_again_then_fails(
 
 def test_an_auction_whose_candidate_refused_fails_at_once(settings: Settings) -> None:
     # given an open auction whose one candidate refused it (a decision, not an outage)
-    task = rfp(bid_mode="ask")
+    task = announcement(bid_mode="ask")
     bidding_row(settings, task, ["scanner"])
     StoreBoard(settings.database_url).post(
         Refusal(task_id=task.task_id, node="scanner", reason="too busy"), expected=1,

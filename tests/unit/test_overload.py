@@ -24,7 +24,7 @@ from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.timed import Overloaded, TimedCalls
 from bidding.store import write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 NODE = "n1"
 PROFILE = NodeProfile(name=NODE, capabilities=["s1"])
@@ -32,30 +32,43 @@ PROFILE = NodeProfile(name=NODE, capabilities=["s1"])
 
 def open_auction_row(settings: Settings) -> Announcement:
     """An auction open for bids, in the store (as the store board needs it)."""
-    rfp = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
+    announcement = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
                        required_skills=["s1"], window=60.0)
     with write_session(settings.database_url) as session:
-        session.add(AnnouncementRow(
-            task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
-            strategy=rfp.strategy, spec=rfp.model_dump(mode="json"), state=lifecycle.BIDDING,
-            attempt=1, candidates=[NODE], expected_bids=2, announced_at=rfp.announced_at,
-            closes_at=rfp.announced_at + rfp.window))
-    return rfp
+        session.add(
+            AnnouncementRow(
+                task_id=announcement.task_id,
+                task_name=announcement.task_name,
+                task_type=announcement.task_type,
+                strategy=announcement.strategy,
+                spec=announcement.model_dump(mode="json"),
+                state=lifecycle.BIDDING,
+                attempt=1,
+                candidates=[NODE],
+                expected_bids=2,
+                announced_at=announcement.announced_at,
+                closes_at=announcement.announced_at + announcement.window,
+            )
+        )
+    return announcement
 
 
 def test_a_bid_request_arriving_at_a_full_queue_is_refused_at_once_saying_the_node_is_overloaded(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a node with one bid thread busy on a bid that takes long, and room for one more
     # request waiting
-    small = settings.model_copy(update={"bid_threads": 1, "bid_queue_size": 1,
-                                        "bid_board": "store"})
+    small = settings.model_copy(
+        update={"bid_threads": 1, "bid_queue_size": 1, "bid_board": "store"}
+    )
     app = Celery("t", broker="memory://", set_as_current=False)
     busy, release = threading.Event(), threading.Event()
     answered: list[str] = []
 
-    def slow_answer(settings_: Any, app_: Any, profile: Any, request: BidRequest,
-                    **kwargs: Any) -> None:
+    def slow_answer(
+        settings_: Any, app_: Any, profile: Any, request: BidRequest, **kwargs: Any
+    ) -> None:
         busy.set()
         assert release.wait(30)
         answered.append(request.announcement.task_id)
@@ -64,20 +77,25 @@ def test_a_bid_request_arriving_at_a_full_queue_is_refused_at_once_saying_the_no
     threads = BidThreads(small, app, PROFILE, None)
     first, second, third = (open_auction_row(small) for _ in range(3))
     try:
-        assert threads.submit(BidRequest(announcement=first, node=NODE,
-                                         expires_at=first.announced_at + 60))
+        assert threads.submit(
+            BidRequest(announcement=first, node=NODE, expires_at=first.announced_at + 60)
+        )
         assert busy.wait(10)
-        assert threads.submit(BidRequest(announcement=second, node=NODE,
-                                         expires_at=second.announced_at + 60))
+        assert threads.submit(
+            BidRequest(announcement=second, node=NODE, expires_at=second.announced_at + 60)
+        )
         # when a third request arrives
-        taken = threads.submit(BidRequest(announcement=third, node=NODE,
-                                          expires_at=third.announced_at + 60))
+        taken = threads.submit(
+            BidRequest(announcement=third, node=NODE, expires_at=third.announced_at + 60)
+        )
         # then it is not queued: the node refused it at once, saying why
         assert not taken
         [refusal] = StoreBoard(small.database_url).peek(third.task_id, 1)
         assert isinstance(refusal, Refusal) and refusal.node == NODE and refusal.failed
-        assert refusal.reason == (f"node {NODE} overloaded: 1 bid thread(s) busy and 1 "
-                                  "request(s) waiting (bidding_bid_queue_size)")
+        assert refusal.reason == (
+            f"node {NODE} overloaded: 1 bid thread(s) busy and 1 "
+            "request(s) waiting (bidding_bid_queue_size)"
+        )
     finally:
         release.set()
         deadline = time.monotonic() + 10
@@ -130,23 +148,32 @@ def test_a_node_whose_bidder_is_overloaded_refuses_at_once_saying_so() -> None:
     # given a node whose own bidder is stuck on one call, with room for one more waiting
     profile = NodeProfile(name=NODE, capabilities=["s1"], bidder="tests.bidders:anything")
     started, release = threading.Event(), threading.Event()
-    bidder = NodeBidder(profile, lambda rfp, draft: started.set() or release.wait(30),
-                        threads=1, queue=1)
-    rfp = Announcement(task_id="t-1", task_name="t.noop", task_type="noop")
-    draft = Bid(task_id="t-1", node=NODE, capability=1.0, experience=0.5, load=1.0,
-                confidence=0.9, trust=70)
+    bidder = NodeBidder(
+        profile, lambda announcement, draft: started.set() or release.wait(30), threads=1, queue=1
+    )
+    announcement = Announcement(task_id="t-1", task_name="t.noop", task_type="noop")
+    draft = Bid(
+        task_id="t-1",
+        node=NODE,
+        capability=1.0,
+        experience=0.5,
+        load=1.0,
+        confidence=0.9,
+        trust=70,
+    )
     answers: list[Bid | Refusal] = []
     try:
-        bidder.ask(rfp, draft, None, answers.append)
+        bidder.ask(announcement, draft, None, answers.append)
         assert started.wait(10)
-        bidder.ask(rfp, draft, None, answers.append)
+        bidder.ask(announcement, draft, None, answers.append)
         # when a third bid asks it
-        bidder.ask(rfp, draft, None, answers.append)
+        bidder.ask(announcement, draft, None, answers.append)
         # then the node answers at once: a refusal saying its bidder is overloaded
         [refusal] = answers
         assert isinstance(refusal, Refusal) and refusal.bidder == profile.bidder
-        assert refusal.reason == ("its bidder tests.bidders:anything is overloaded: 1 call(s) "
-                                  "waiting, at most 1")
+        assert refusal.reason == (
+            "its bidder tests.bidders:anything is overloaded: 1 call(s) waiting, at most 1"
+        )
     finally:
         release.set()
         bidder.calls.close()

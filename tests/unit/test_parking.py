@@ -25,7 +25,7 @@ from bidding.lifecycle import states as lifecycle
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 from tests.unit.test_execution import assigned
 
 APP = Celery("t", broker="memory://", set_as_current=False)
@@ -42,18 +42,28 @@ def unreadable(settings: Settings, count: int, state: str, *, node: str = "dead"
     ids = []
     with write_session(settings.database_url) as session:
         for n in range(count):
-            rfp = Announcement(task_id=f"future-{n:04d}-{uuid.uuid4().hex[:8]}",
+            announcement = Announcement(task_id=f"future-{n:04d}-{uuid.uuid4().hex[:8]}",
                                task_name="t.noop", task_type="noop", announced_at=at + n)
             in_flight = state in lifecycle.IN_FLIGHT_STATES
-            session.add(AnnouncementRow(
-                task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
-                strategy=rfp.strategy, spec={**rfp.model_dump(mode="json"), **FROM_THE_FUTURE},
-                state=state, attempt=1, candidates=[node], expected_bids=1,
-                announced_at=at + n, closes_at=at + n + rfp.window,
-                assigned_node=node if in_flight else None,
-                awarded_at=at + n if in_flight else None,
-                due_at=at + n if state in lifecycle.DUE_STATES else None))
-            ids.append(rfp.task_id)
+            session.add(
+                AnnouncementRow(
+                    task_id=announcement.task_id,
+                    task_name=announcement.task_name,
+                    task_type=announcement.task_type,
+                    strategy=announcement.strategy,
+                    spec={**announcement.model_dump(mode="json"), **FROM_THE_FUTURE},
+                    state=state,
+                    attempt=1,
+                    candidates=[node],
+                    expected_bids=1,
+                    announced_at=at + n,
+                    closes_at=at + n + announcement.window,
+                    assigned_node=node if in_flight else None,
+                    awarded_at=at + n if in_flight else None,
+                    due_at=at + n if state in lifecycle.DUE_STATES else None,
+                )
+            )
+            ids.append(announcement.task_id)
     return ids
 
 
@@ -68,8 +78,9 @@ def stored(settings: Settings, task_id: str) -> AnnouncementRow:
 def parked(settings: Settings, ids: list[str]) -> dict[str | None, int]:
     """How many of ``ids`` are parked, by reason (None: not parked)."""
     with read_session(settings.database_url) as session:
-        reasons = session.scalars(select(AnnouncementRow.parked)
-                                  .where(AnnouncementRow.task_id.in_(ids))).all()
+        reasons = session.scalars(
+            select(AnnouncementRow.parked).where(AnnouncementRow.task_id.in_(ids))
+        ).all()
     counts: dict[str | None, int] = {}
     for reason in reasons:
         counts[reason] = counts.get(reason, 0) + 1
@@ -77,7 +88,8 @@ def parked(settings: Settings, ids: list[str]) -> dict[str | None, int]:
 
 
 def test_unreadable_rows_filling_the_watchdogs_scan_are_parked_and_the_lost_winner_is_replaced(
-    settings: Settings, caplog: pytest.LogCaptureFixture,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given 120 tasks on a dead node whose announcements this version cannot read (more than
     # one scan of the watchdog takes), awarded before anything else
@@ -85,8 +97,11 @@ def test_unreadable_rows_filling_the_watchdogs_scan_are_parked_and_the_lost_winn
     # and a real lost winner, awarded after them, its node dead too
     real = assigned(settings, node="dead")
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == real.task_id)
-                        .values(awarded_at=5000.0))
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == real.task_id)
+            .values(awarded_at=5000.0)
+        )
     # when the watchdog sweeps, pass after pass
     caplog.set_level(logging.WARNING, logger="bidding")
     now = time.time()
@@ -115,12 +130,14 @@ def test_the_watchdog_scans_the_oldest_awards_first(settings: Settings) -> None:
     # given three tasks on a dead node, inserted newest first
     ids = []
     for awarded in (3000.0, 2000.0, 1000.0):
-        rfp = assigned(settings, node="dead")
+        announcement = assigned(settings, node="dead")
         with write_session(settings.database_url) as session:
-            session.execute(update(AnnouncementRow)
-                            .where(AnnouncementRow.task_id == rfp.task_id)
-                            .values(awarded_at=awarded))
-        ids.append(rfp.task_id)
+            session.execute(
+                update(AnnouncementRow)
+                .where(AnnouncementRow.task_id == announcement.task_id)
+                .values(awarded_at=awarded)
+            )
+        ids.append(announcement.task_id)
     # when the watchdog's scan takes one at a time
     moved = [watchdog.check_winners(settings, APP, limit=1)[0] for _ in ids]
     # then they are re-placed oldest award first
@@ -128,10 +145,17 @@ def test_the_watchdog_scans_the_oldest_awards_first(settings: Settings) -> None:
     order = []
     with read_session(settings.database_url) as session:
         for task_id in ids:
-            order.append((session.scalars(
-                select(journal.MESSAGES.c.id).where(journal.MESSAGES.c.task_id == task_id,
-                                                    journal.MESSAGES.c.kind == journal.RETRYING)
-            ).one(), task_id))
+            order.append(
+                (
+                    session.scalars(
+                        select(journal.MESSAGES.c.id).where(
+                            journal.MESSAGES.c.task_id == task_id,
+                            journal.MESSAGES.c.kind == journal.RETRYING,
+                        )
+                    ).one(),
+                    task_id,
+                )
+            )
     assert [task_id for _, task_id in sorted(order)] == list(reversed(ids))
 
 
@@ -141,13 +165,25 @@ def test_unreadable_auctions_are_parked_by_the_deadline_closer_and_the_others_cl
     # given 5 open auctions past their window that this version cannot read, and one it can,
     # which closes last
     bad = unreadable(settings, 5, lifecycle.BIDDING)
-    good = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
-                        announced_at=9000.0)
+    good = Announcement(
+        task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop", announced_at=9000.0
+    )
     with write_session(settings.database_url) as session:
-        session.add(AnnouncementRow(
-            task_id=good.task_id, task_name=good.task_name, task_type=good.task_type,
-            strategy=good.strategy, spec=good.model_dump(mode="json"), state=lifecycle.BIDDING,
-            attempt=1, candidates=[], expected_bids=0, announced_at=9000.0, closes_at=9002.0))
+        session.add(
+            AnnouncementRow(
+                task_id=good.task_id,
+                task_name=good.task_name,
+                task_type=good.task_type,
+                strategy=good.strategy,
+                spec=good.model_dump(mode="json"),
+                state=lifecycle.BIDDING,
+                attempt=1,
+                candidates=[],
+                expected_bids=0,
+                announced_at=9000.0,
+                closes_at=9002.0,
+            )
+        )
     # when the deadline closer takes at most 5 auctions a pass, pass after pass
     for n in range(4):
         close.close_expired(settings, APP, time.time() + n, limit=5)
@@ -162,14 +198,29 @@ def test_unreadable_due_tasks_are_parked_by_the_announcer_and_the_others_announc
     # given 3 deferred tasks due that this version cannot read, and one it can, due after them
     # (no node can do it: it fails when announced)
     bad = unreadable(settings, 3, lifecycle.DEFERRED)
-    good = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
-                        required_skills=["nobody_has_it"])
+    good = Announcement(
+        task_id=str(uuid.uuid4()),
+        task_name="t.noop",
+        task_type="noop",
+        required_skills=["nobody_has_it"],
+    )
     with write_session(settings.database_url) as session:
-        session.add(AnnouncementRow(
-            task_id=good.task_id, task_name=good.task_name, task_type=good.task_type,
-            strategy=good.strategy, spec=good.model_dump(mode="json"),
-            state=lifecycle.DEFERRED, attempt=1, candidates=[], expected_bids=0,
-            announced_at=9000.0, closes_at=9002.0, due_at=9000.0))
+        session.add(
+            AnnouncementRow(
+                task_id=good.task_id,
+                task_name=good.task_name,
+                task_type=good.task_type,
+                strategy=good.strategy,
+                spec=good.model_dump(mode="json"),
+                state=lifecycle.DEFERRED,
+                attempt=1,
+                candidates=[],
+                expected_bids=0,
+                announced_at=9000.0,
+                closes_at=9002.0,
+                due_at=9000.0,
+            )
+        )
     # when the announcer takes at most 3 due tasks a pass, pass after pass
     for n in range(4):
         announce.announce_due(settings, APP, time.time() + n, limit=3)
@@ -196,16 +247,24 @@ def test_an_outage_parks_nothing(settings: Settings, monkeypatch: pytest.MonkeyP
 
 def test_a_transition_clears_a_parking(settings: Settings) -> None:
     # given a parked task
-    rfp = assigned(settings)
+    announcement = assigned(settings)
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == rfp.task_id)
-                        .values(scan_failures=3, parked="watchdog: something"))
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == announcement.task_id)
+            .values(scan_failures=3, parked="watchdog: something")
+        )
     # when it moves on (its node begins it)
     with write_session(settings.database_url) as session:
-        assert transition(session, rfp.task_id, lifecycle.EXECUTING, Log(journal.TASK_ACCEPTED),
-                          Expect(states=(lifecycle.ASSIGNED,), node="n1"))
+        assert transition(
+            session,
+            announcement.task_id,
+            lifecycle.EXECUTING,
+            Log(journal.TASK_ACCEPTED),
+            Expect(states=(lifecycle.ASSIGNED,), node="n1"),
+        )
     # then what failed is history: every scan looks at it again
-    found = stored(settings, rfp.task_id)
+    found = stored(settings, announcement.task_id)
     assert (found.parked, found.scan_failures) == (None, 0)
 
 
@@ -222,8 +281,9 @@ def test_status_shows_a_parked_task_and_reset_puts_it_back(settings: Settings) -
     assert shown.exit_code == 0, shown.output
     assert f"parked: watchdog: {UNREADABLE}" in shown.output
     assert f"`bidding reset {task_id}`" in shown.output
-    as_json = json.loads(runner.invoke(main, ["status", task_id, "--database-url", url,
-                                              "--json"]).output)
+    as_json = json.loads(
+        runner.invoke(main, ["status", task_id, "--database-url", url, "--json"]).output
+    )
     assert as_json["parked"] == f"watchdog: {UNREADABLE}"
     # when `bidding reset` runs
     reset = runner.invoke(main, ["reset", task_id, "--database-url", url])

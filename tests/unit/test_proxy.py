@@ -24,7 +24,7 @@ from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
 from bidding.store import read_session, write_session
 from bidding.strategies import STRATEGIES, AgentJudgment, decides_at_once, resolve_strategy
-from tests.unit.test_bid import NOW, announcement, episode, make_rfp, record, store_settings
+from tests.unit.test_bid import NOW, announcement_row, episode, make_rfp, record, store_settings
 
 
 def live(name: str, skills: tuple[str, ...], *, trust: float = 70.0) -> LiveNode:
@@ -48,10 +48,10 @@ def populate(url: str) -> None:
               for i in range(15)),
         ])
         session.add_all([
-            announcement("a1", lifecycle.ASSIGNED, "redfin"),
-            announcement("a2", lifecycle.EXECUTING, "redfin"),
-            announcement("a3", lifecycle.SUCCESS, "redfin"),
-            announcement("a4", lifecycle.ASSIGNED, "bluefin"),
+            announcement_row("a1", lifecycle.ASSIGNED, "redfin"),
+            announcement_row("a2", lifecycle.EXECUTING, "redfin"),
+            announcement_row("a3", lifecycle.SUCCESS, "redfin"),
+            announcement_row("a4", lifecycle.ASSIGNED, "bluefin"),
         ])
 
 
@@ -91,14 +91,20 @@ def test_proxy_answers_are_the_bids_the_nodes_would_make(store_url):
     settings = store_settings(store_url)
     nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90),
              live("greenfin", ("gpu",))]
-    rfp = make_rfp(task_type="extraction", required_skills=["pdf"], preferred_node="bluefin")
+    announcement = make_rfp(
+        task_type="extraction", required_skills=["pdf"], preferred_node="bluefin"
+    )
     # when the announcer makes their answers
-    answers = proxy_answers(settings, rfp, nodes, now=NOW)
+    answers = proxy_answers(settings, announcement, nodes, now=NOW)
     # then redfin and bluefin bid exactly as compute_bid on their own history would
     by_node = {a.node: a for a in answers}
     for node in nodes[:2]:
-        own = compute_bid(rfp, profile_of(node),
-                          gather_history(settings, node.name, "extraction", now=NOW), now=NOW)
+        own = compute_bid(
+            announcement,
+            profile_of(node),
+            gather_history(settings, node.name, "extraction", now=NOW),
+            now=NOW,
+        )
         assert isinstance(by_node[node.name], Bid)
         assert by_node[node.name] == own
     # and the bids carry their different records (bluefin: preferred, one task in flight)
@@ -114,21 +120,27 @@ def test_the_proxy_rereads_only_the_nodes_whose_version_changed(store_url):
     forget_history()
     settings = store_settings(store_url, history_cache_seconds=60)
     nodes = [live("redfin", ("pdf",)), live("bluefin", ("pdf",))]
-    rfp = make_rfp(task_type="extraction", required_skills=["pdf"])
+    announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
     # given both nodes' bids made at history versions 3 and 5
-    proxy_answers(settings, rfp, nodes, now=NOW, versions={"redfin": 3, "bluefin": 5})
+    proxy_answers(settings, announcement, nodes, now=NOW, versions={"redfin": 3, "bluefin": 5})
     # when both finish a failed attempt, and only redfin's version is raised
     with write_session(store_url) as session:
-        record(session, [episode("f1", "redfin", "extraction", False, NOW - 1),
-                         episode("f2", "bluefin", "extraction", False, NOW - 1)])
-    answers = proxy_answers(settings, rfp, nodes, now=NOW,
-                            versions={"redfin": 4, "bluefin": 5})
+        record(
+            session,
+            [
+                episode("f1", "redfin", "extraction", False, NOW - 1),
+                episode("f2", "bluefin", "extraction", False, NOW - 1),
+            ],
+        )
+    answers = proxy_answers(
+        settings, announcement, nodes, now=NOW, versions={"redfin": 4, "bluefin": 5}
+    )
     # then redfin's bid counts the failure, and bluefin's still uses its cached record
     by_node = {a.node: a for a in answers}
     assert isinstance(by_node["redfin"], Bid) and isinstance(by_node["bluefin"], Bid)
     assert by_node["redfin"].confidence < by_node["bluefin"].confidence == 1.0
     # and without versions (a store board) both are read afresh
-    fresh = {a.node: a for a in proxy_answers(settings, rfp, nodes, now=NOW)}
+    fresh = {a.node: a for a in proxy_answers(settings, announcement, nodes, now=NOW)}
     assert fresh["bluefin"].confidence == by_node["redfin"].confidence
 
 
@@ -137,53 +149,68 @@ def test_answers_made_inside_the_award_are_the_bids_the_nodes_would_make(store_u
     populate(store_url)
     forget_history()
     settings = store_settings(store_url)
-    nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90),
-             live("greenfin", ("gpu",))]
-    rfp = make_rfp(task_type="extraction", required_skills=["pdf"])
+    nodes = [
+        live("redfin", ("pdf", "nlp")),
+        live("bluefin", ("pdf",), trust=90),
+        live("greenfin", ("gpu",)),
+    ]
+    announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
     # when the answers are made in a transaction, from the nodes' states read there
-    inside = answers_inside(settings, rfp, nodes, now=NOW)
+    inside = answers_inside(settings, announcement, nodes, now=NOW)
     with read_session(store_url) as session:
-        made = inside.make(session, lock_states(
-            session, list(inside.nodes), lock=False, task_type=rfp.task_type,
-            since=NOW - settings.recent_failure_seconds))
+        made = inside.make(
+            session,
+            lock_states(
+                session,
+                list(inside.nodes),
+                lock=False,
+                task_type=announcement.task_type,
+                since=NOW - settings.recent_failure_seconds,
+            ),
+        )
     # then only the nodes that can bid are locked and counted
     assert list(inside.nodes) == ["redfin", "bluefin"]
     # and every answer is the one the announcer makes outside a transaction
-    assert made == proxy_answers(settings, rfp, nodes, now=NOW)
+    assert made == proxy_answers(settings, announcement, nodes, now=NOW)
     # and the bids carry the counts they were given (redfin has two tasks in flight)
     assert [a.in_flight for a in made if isinstance(a, Bid)] == [2, 1]
 
 
 def test_answers_made_inside_the_award_need_a_strategy_that_decides_at_once(
-        store_url, monkeypatch):
+    store_url, monkeypatch
+):
     # given a strategy that consults a judge (an LLM may take seconds under the write lock)
-    monkeypatch.setitem(STRATEGIES, "slow_judge",
-                        lambda: AgentJudgment(judge=lambda bids, rfp, caps: None))
+    monkeypatch.setitem(
+        STRATEGIES,
+        "slow_judge",
+        lambda: AgentJudgment(judge=lambda bids, announcement, caps: None),
+    )
     settings = store_settings(store_url)
-    rfp = make_rfp(task_type="extraction", strategy="slow_judge")
-    inside = answers_inside(settings, rfp, [live("redfin", ("pdf",))], now=NOW)
+    announcement = make_rfp(task_type="extraction", strategy="slow_judge")
+    inside = answers_inside(settings, announcement, [live("redfin", ("pdf",))], now=NOW)
     # when its answers are to be made inside the award, then that is refused, naming it
     with pytest.raises(ValueError, match="slow_judge decides outside"):
-        award_made_inside(settings, rfp, inside, candidates=1)
+        award_made_inside(settings, announcement, inside, candidates=1)
     # and without a judge the same strategy decides at once
-    assert decides_at_once(AgentJudgment()) and not decides_at_once(
-        resolve_strategy("slow_judge"))
+    assert decides_at_once(AgentJudgment()) and not decides_at_once(resolve_strategy("slow_judge"))
 
 
 def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving(
-        store_url, monkeypatch):
+    store_url, monkeypatch
+):
     # given an open auction with two bids, and a judge that picks redfin
     populate(store_url)
     settings = store_settings(store_url)
-    rfp = make_rfp(task_type="extraction", required_skills=["pdf"], strategy="slow_judge")
+    announcement = make_rfp(task_type="extraction", required_skills=["pdf"], strategy="slow_judge")
     with write_session(store_url) as session:
-        session.add(announcement(rfp.task_id, lifecycle.BIDDING, None))
-    answers = proxy_answers(settings, rfp, [live("redfin", ("pdf",)), live("bluefin", ("pdf",))],
-                            now=NOW)
+        session.add(announcement_row(announcement.task_id, lifecycle.BIDDING, None))
+    answers = proxy_answers(
+        settings, announcement, [live("redfin", ("pdf",)), live("bluefin", ("pdf",))], now=NOW
+    )
     inside_lock = [False]
     judged_inside: list[bool] = []
 
-    def judge(bids, rfp, caps):
+    def judge(bids, announcement, caps):
         judged_inside.append(inside_lock[0])
         return {"selected_agent_id": "redfin", "reasoning": "the judge's pick"}
 
@@ -202,11 +229,15 @@ def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving
     monkeypatch.setattr(bind_module, "write_session", watched)
     # and in-flight counts that move between every decision and its commit, but for redfin
     seen = iter(range(1, 10))
-    monkeypatch.setattr(award_module, "in_flight_counts",
-                        lambda settings, nodes: {"redfin": 2, "bluefin": 1 + next(seen)})
+    monkeypatch.setattr(
+        award_module,
+        "in_flight_counts",
+        lambda settings, nodes: {"redfin": 2, "bluefin": 1 + next(seen)},
+    )
     # when the auction is awarded
-    won = award_answers(settings, rfp, answers, closed_by="all bids in", candidates=2,
-                        write=True)
+    won = award_answers(
+        settings, announcement, answers, closed_by="all bids in", candidates=2, write=True
+    )
     # then the judge decided three times, never inside the write transaction, and its pick won
     assert judged_inside == [False, False, False]
     assert won is not None and won.winner == "redfin"

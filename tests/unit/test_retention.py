@@ -26,8 +26,16 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.observe.stats import collect, window_start
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Episode, Graph, GraphStep, LedgerEntry, Message, Worker
+from bidding.store.schema import (
+    AnnouncementRow,
+    BidRow,
+    Episode,
+    Graph,
+    GraphStep,
+    LedgerEntry,
+    Message,
+    Worker,
+)
 from tests.unit.test_execution import assigned
 
 DAY = 86_400.0
@@ -37,39 +45,74 @@ def finished(settings: Settings, *, node: str = "n1", task_type: str = "noop",
              success: bool = True, days_ago: float = 40.0) -> str:
     """A task that ran on ``node`` and ended (SUCCESS, or FAILED by its body), its records
     dated ``days_ago``: its row, messages, ledger entry, episode, and a bid."""
-    rfp = assigned(settings, node=node)
+    announcement = assigned(settings, node=node)
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == rfp.task_id)
-                        .values(task_type=task_type, spec={**rfp.model_dump(mode="json"),
-                                                           "task_type": task_type}))
-        session.add(BidRow(task_id=rfp.task_id, attempt=1, node=node, will_bid=True,
-                           capability=1.0, experience=0.5, load=1.0, confidence=0.5,
-                           cost=0.0, latency_ms=1.0, trust=70.0, bid_at=clock.now()))
-    run = execution.begin(settings, rfp.task_id, 1, node, 0.5)
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == announcement.task_id)
+            .values(
+                task_type=task_type,
+                spec={**announcement.model_dump(mode="json"), "task_type": task_type},
+            )
+        )
+        session.add(
+            BidRow(
+                task_id=announcement.task_id,
+                attempt=1,
+                node=node,
+                will_bid=True,
+                capability=1.0,
+                experience=0.5,
+                load=1.0,
+                confidence=0.5,
+                cost=0.0,
+                latency_ms=1.0,
+                trust=70.0,
+                bid_at=clock.now(),
+            )
+        )
+    run = execution.begin(settings, announcement.task_id, 1, node, 0.5)
     if success:
         execution.complete(settings, run, {"ok": True})
     else:
         execution.fail(settings, run, ValueError("boom"))
     at = clock.now() - days_ago * DAY
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == rfp.task_id)
-                        .values(finished_at=at, announced_at=at, report_due=None))
-        session.execute(update(Message).where(Message.task_id == rfp.task_id).values(at=at))
-        session.execute(update(Episode).where(Episode.task_id == rfp.task_id)
-                        .values(finished_at=at))
-        session.execute(update(LedgerEntry).where(LedgerEntry.task_id == rfp.task_id)
-                        .values(at=at))
-    return rfp.task_id
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == announcement.task_id)
+            .values(finished_at=at, announced_at=at, report_due=None)
+        )
+        session.execute(
+            update(Message).where(Message.task_id == announcement.task_id).values(at=at)
+        )
+        session.execute(
+            update(Episode).where(Episode.task_id == announcement.task_id).values(finished_at=at)
+        )
+        session.execute(
+            update(LedgerEntry).where(LedgerEntry.task_id == announcement.task_id).values(at=at)
+        )
+    return announcement.task_id
 
 
 def rows_of(settings: Settings, task_id: str) -> dict[str, int]:
     """How many rows of each kind the store keeps of ``task_id``."""
     with read_session(settings.database_url) as session:
-        return {name: int(session.scalar(select(func.count()).select_from(table)
-                                         .where(table.task_id == task_id)) or 0)
-                for name, table in (("task", AnnouncementRow), ("bids", BidRow),
-                                    ("messages", Message), ("ledger", LedgerEntry),
-                                    ("episodes", Episode))}
+        return {
+            name: int(
+                session.scalar(
+                    select(func.count()).select_from(table).where(table.task_id == task_id)
+                )
+                or 0
+            )
+            for name, table in (
+                ("task", AnnouncementRow),
+                ("bids", BidRow),
+                ("messages", Message),
+                ("ledger", LedgerEntry),
+                ("episodes", Episode),
+            )
+        }
 
 
 def state_of(settings: Settings, task_id: str) -> str | None:
@@ -79,28 +122,43 @@ def state_of(settings: Settings, task_id: str) -> str | None:
 
 
 def test_a_prune_deletes_old_finished_tasks_with_their_records_and_nothing_else(
-        settings: Settings) -> None:
+    settings: Settings,
+) -> None:
     # given a task that finished 40 days ago, one that finished yesterday, one still running
     # since 40 days ago, and one 40 days old whose outcome has not reached the result backend
     old = finished(settings, days_ago=40)
     recent = finished(settings, days_ago=1)
     running = assigned(settings).task_id
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == running)
-                        .values(announced_at=clock.now() - 40 * DAY))
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == running)
+            .values(announced_at=clock.now() - 40 * DAY)
+        )
     unreported = finished(settings, days_ago=40)
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == unreported)
-                        .values(report_due=clock.now()))
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == unreported)
+            .values(report_due=clock.now())
+        )
     before = rows_of(settings, old)
     assert before["task"] == before["bids"] == before["ledger"] == 1 and before["messages"] > 2
     # when the store is pruned of what finished more than 30 days ago
     pruned = prune(settings, 30 * DAY)
     # then the old task is gone with its bids, messages and ledger entry, counted
     assert {k: v for k, v in rows_of(settings, old).items() if k != "episodes"} == {
-        "task": 0, "bids": 0, "messages": 0, "ledger": 0}
+        "task": 0,
+        "bids": 0,
+        "messages": 0,
+        "ledger": 0,
+    }
     assert (pruned.tasks, pruned.bids, pruned.messages, pruned.ledger_entries) == (
-        1, 1, before["messages"], 1)
+        1,
+        1,
+        before["messages"],
+        1,
+    )
     # and the recent, the running and the unreported tasks are all still there
     assert state_of(settings, recent) == lifecycle.SUCCESS
     assert state_of(settings, running) == lifecycle.ASSIGNED
@@ -108,12 +166,22 @@ def test_a_prune_deletes_old_finished_tasks_with_their_records_and_nothing_else(
 
 
 def test_a_node_that_kept_failing_a_task_type_still_bids_low_for_it_after_a_prune(
-        settings: Settings) -> None:
+    settings: Settings,
+) -> None:
     # given a node that failed a task type twelve times, and one that did it twelve times,
     # all of it finished 40 days ago
     for name in ("flaky", "steady"):
-        heartbeat(settings, NodeProfile(name=name, capabilities=["ocr"], capacity=2,
-                                        price_per_unit=0.0, latency_ms=1, trust=70))
+        heartbeat(
+            settings,
+            NodeProfile(
+                name=name,
+                capabilities=["ocr"],
+                capacity=2,
+                price_per_unit=0.0,
+                latency_ms=1,
+                trust=70,
+            ),
+        )
     for _ in range(12):
         finished(settings, node="flaky", task_type="ocr", success=False)
         finished(settings, node="steady", task_type="ocr", success=True)
@@ -142,7 +210,8 @@ def test_recent_failures_survive_a_prune_of_everything(settings: Settings) -> No
 
 
 def test_a_dry_run_counts_what_a_prune_would_delete_and_deletes_nothing(
-        settings: Settings) -> None:
+    settings: Settings,
+) -> None:
     # given two tasks that finished 40 days ago
     tasks = [finished(settings), finished(settings)]
     # when a dry run counts them
@@ -154,7 +223,8 @@ def test_a_dry_run_counts_what_a_prune_would_delete_and_deletes_nothing(
 
 
 def test_a_finished_graph_goes_with_its_steps_and_a_running_ones_steps_stay(
-        settings: Settings) -> None:
+    settings: Settings,
+) -> None:
     # given a graph that completed 40 days ago and one still running, each with a step task
     # that finished 40 days ago
     now = clock.now()
@@ -163,11 +233,26 @@ def test_a_finished_graph_goes_with_its_steps_and_a_running_ones_steps_stay(
         for graph_id, state in (("done", "COMPLETED"), ("busy", "EXECUTING")):
             task_id = finished(settings)
             steps[graph_id] = task_id
-            session.add(Graph(graph_id=graph_id, name=graph_id, state=state,
-                              created_at=now - 41 * DAY, touched_at=now - 40 * DAY,
-                              finished_at=now - 40 * DAY if state == "COMPLETED" else None))
-            session.add(GraphStep(graph_id=graph_id, step_id="a", capability="x",
-                                  task_name="t.noop", task_id=task_id, state="SUCCESS"))
+            session.add(
+                Graph(
+                    graph_id=graph_id,
+                    name=graph_id,
+                    state=state,
+                    created_at=now - 41 * DAY,
+                    touched_at=now - 40 * DAY,
+                    finished_at=now - 40 * DAY if state == "COMPLETED" else None,
+                )
+            )
+            session.add(
+                GraphStep(
+                    graph_id=graph_id,
+                    step_id="a",
+                    capability="x",
+                    task_name="t.noop",
+                    task_id=task_id,
+                    state="SUCCESS",
+                )
+            )
     # when the store is pruned
     pruned = prune(settings, 30 * DAY)
     # then the finished graph and its step's task are gone; the running graph keeps its step
@@ -183,8 +268,17 @@ def test_ended_worker_rows_go_with_the_retention(settings: Settings) -> None:
     now = clock.now()
     with write_session(settings.database_url) as session:
         for name, status, seen in (("old@h", "ended", now - 40 * DAY), ("new@h", "online", now)):
-            session.add(Worker(hostname=name, node="n1", boot_id=uuid.uuid4().hex[:16],
-                               pid=1, started_at=seen, last_heartbeat=seen, status=status))
+            session.add(
+                Worker(
+                    hostname=name,
+                    node="n1",
+                    boot_id=uuid.uuid4().hex[:16],
+                    pid=1,
+                    started_at=seen,
+                    last_heartbeat=seen,
+                    status=status,
+                )
+            )
     # when the store is pruned, then only the ended one is gone
     assert prune(settings, 30 * DAY).workers == 1
     with read_session(settings.database_url) as session:
@@ -207,6 +301,7 @@ def test_one_node_at_a_time_runs_the_retention_job(settings: Settings) -> None:
     # and when it is due again, the first node that looks runs it
     with write_session(short.database_url) as session:
         from bidding.store.schema import Job
+
         session.execute(update(Job).values(due_at=clock.now() - 1))
     loops[2]._due = 0.0
     assert loops[2].run() is not None
@@ -221,9 +316,18 @@ def test_retention_zero_keeps_everything(settings: Settings) -> None:
     assert state_of(off, task) == lifecycle.SUCCESS
 
 
-@pytest.mark.parametrize(("text", "seconds"), [
-    ("30d", 30 * DAY), ("12h", 43_200.0), ("15m", 900.0), ("0s", 0.0), ("2w", 14 * DAY),
-    ("90", 90.0), ("1.5h", 5400.0)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [
+        ("30d", 30 * DAY),
+        ("12h", 43_200.0),
+        ("15m", 900.0),
+        ("0s", 0.0),
+        ("2w", 14 * DAY),
+        ("90", 90.0),
+        ("1.5h", 5400.0),
+    ],
+)
 def test_durations_read_as_a_number_and_a_unit(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

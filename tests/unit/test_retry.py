@@ -15,7 +15,7 @@ from bidding.models import Announcement, Bid, Fallbacks, RetryPolicy
 NOW = 1_000_000.0
 
 
-def rfp(**fields: object) -> Announcement:
+def announcement(**fields: object) -> Announcement:
     values: dict[str, object] = {"task_id": "t", "task_name": "x.y", "task_type": "y"}
     values.update(fields)
     return Announcement(**values)  # type: ignore[arg-type]
@@ -77,7 +77,7 @@ def test_non_retryable_matches_class_names_bases_and_dotted_paths() -> None:
 
 def test_a_failure_with_retries_left_plans_a_new_auction_without_the_node() -> None:
     # given attempt 1 failed on north with 3 retries allowed (base 500 ms)
-    task = rfp(retry_policy=RetryPolicy(max_retries=3, base_ms=500))
+    task = announcement(retry_policy=RetryPolicy(max_retries=3, base_ms=500))
     plan = plan_retry(task, "north", RuntimeError("x"), NOW)
     # then attempt 2 is announced after 0.5 s, without north
     assert plan.next is not None and plan.delay == 0.5
@@ -87,23 +87,23 @@ def test_a_failure_with_retries_left_plans_a_new_auction_without_the_node() -> N
 
 
 def test_retry_same_node_keeps_the_node() -> None:
-    task = rfp(retry_policy=RetryPolicy(max_retries=1), retry_same_node=True)
+    task = announcement(retry_policy=RetryPolicy(max_retries=1), retry_same_node=True)
     plan = plan_retry(task, "north", RuntimeError("x"), NOW)
     assert plan.next is not None and plan.next.exclude_nodes == []
 
 
 def test_no_retries_left_no_policy_or_deadline_passed_mean_failure() -> None:
-    used_up = rfp(retry_policy=RetryPolicy(max_retries=2), failures=2)
+    used_up = announcement(retry_policy=RetryPolicy(max_retries=2), failures=2)
     assert plan_retry(used_up, "n", RuntimeError(), NOW).next is None
     assert "no retries left" in plan_retry(used_up, "n", RuntimeError(), NOW).why
-    assert plan_retry(rfp(), "n", RuntimeError(), NOW).next is None
-    late = rfp(retry_policy=RetryPolicy(max_retries=3), deadline=NOW - 1)
+    assert plan_retry(announcement(), "n", RuntimeError(), NOW).next is None
+    late = announcement(retry_policy=RetryPolicy(max_retries=3), deadline=NOW - 1)
     assert plan_retry(late, "n", RuntimeError(), NOW).why == "deadline passed"
 
 
 def test_a_timeout_is_retried_once_with_the_extended_limit_on_any_node() -> None:
     # given a 10 s soft limit and the default fallback (extend to 60 s)
-    task = rfp(timeout_seconds=10, fallbacks=Fallbacks(extended_timeout_seconds=60))
+    task = announcement(timeout_seconds=10, fallbacks=Fallbacks(extended_timeout_seconds=60))
     plan = plan_retry(task, "north", SoftTimeLimitExceeded(), NOW, timed_out=True)
     # then the next attempt has 60 s, starts at once, and may go to any node
     assert plan.next is not None and plan.delay == 0.0
@@ -114,7 +114,7 @@ def test_a_timeout_is_retried_once_with_the_extended_limit_on_any_node() -> None
 
 
 def test_on_timeout_fail_and_retry() -> None:
-    fail = rfp(timeout_seconds=1, fallbacks=Fallbacks(on_timeout="fail"),
+    fail = announcement(timeout_seconds=1, fallbacks=Fallbacks(on_timeout="fail"),
                retry_policy=RetryPolicy(max_retries=3))
     assert plan_retry(fail, "n", SoftTimeLimitExceeded(), NOW, timed_out=True).next is None
     retry = fail.model_copy(update={"fallbacks": Fallbacks(on_timeout="retry")})
@@ -124,7 +124,7 @@ def test_on_timeout_fail_and_retry() -> None:
 
 def test_bids_are_measured_against_the_budget_left_after_earlier_attempts() -> None:
     # given a budget of 1.0 of which 0.8 is spent
-    task = rfp(budget=1.0, spent=0.8)
+    task = announcement(budget=1.0, spent=0.8)
     bid = Bid(task_id="t", node="n", capability=1, experience=1, load=1, confidence=1,
               cost=0.3)
     # then a 0.3 bid is not eligible, a 0.2 bid is

@@ -33,8 +33,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode, invalidate_cache
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow
+from bidding.store.schema import AnnouncementRow, BidRow
 from bidding.strategies import AgentJudgment, Judgment, resolve_strategy
 from tests.unit.test_execution import assigned, log
 
@@ -46,42 +45,70 @@ def live(name: str, skills: list[str]) -> LiveNode:
                     latency_ms=50, trust=70, last_heartbeat=time.time())
 
 
-def bid(rfp: Announcement, node: str, **fields: Any) -> Bid:
-    values: dict[str, Any] = {"capability": 1.0, "experience": 0.5, "load": 1.0,
-                              "confidence": 0.9, "trust": 70, "skills": rfp.required_skills,
-                              "capacity": 4}
+def bid(announcement: Announcement, node: str, **fields: Any) -> Bid:
+    values: dict[str, Any] = {
+        "capability": 1.0,
+        "experience": 0.5,
+        "load": 1.0,
+        "confidence": 0.9,
+        "trust": 70,
+        "skills": announcement.required_skills,
+        "capacity": 4,
+    }
     values.update(fields)
-    return Bid(task_id=rfp.task_id, node=node, attempt=rfp.attempt, **values)
+    return Bid(task_id=announcement.task_id, node=node, attempt=announcement.attempt, **values)
 
 
-def bidding_row(settings: Settings, rfp: Announcement, candidates: list[str]) -> None:
-    """``rfp``'s auction, open for bids, in the store."""
+def bidding_row(settings: Settings, announcement: Announcement, candidates: list[str]) -> None:
+    """``announcement``'s auction, open for bids, in the store."""
     with write_session(settings.database_url) as session:
-        session.add(AnnouncementRow(
-            task_id=rfp.task_id, task_name=rfp.task_name, task_type=rfp.task_type,
-            content=rfp.content, required_skills=rfp.required_skills, strategy=rfp.strategy,
-            spec=rfp.model_dump(mode="json"), state=lifecycle.BIDDING, attempt=rfp.attempt,
-            candidates=candidates, expected_bids=len(candidates),
-            announced_at=rfp.announced_at, closes_at=rfp.announced_at + rfp.window))
+        session.add(
+            AnnouncementRow(
+                task_id=announcement.task_id,
+                task_name=announcement.task_name,
+                task_type=announcement.task_type,
+                content=announcement.content,
+                required_skills=announcement.required_skills,
+                strategy=announcement.strategy,
+                spec=announcement.model_dump(mode="json"),
+                state=lifecycle.BIDDING,
+                attempt=announcement.attempt,
+                candidates=candidates,
+                expected_bids=len(candidates),
+                announced_at=announcement.announced_at,
+                closes_at=announcement.announced_at + announcement.window,
+            )
+        )
 
 
-def announcement(**fields: Any) -> Announcement:
+def make_announcement(**fields: Any) -> Announcement:
     values: dict[str, Any] = {"required_skills": ["gpu"], **fields}
-    return Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type="work",
-                        **values)
+    return Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type="work", **values)
 
 
 # --- 3. a re-award publishes after its commit, and one failure does not stop the sweep -----
 
+
 def test_a_reaward_is_sent_after_its_commit_and_a_failed_send_is_resent_later(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a task running on a node that died, and a live next-best bidder of its auction
-    rfp = assigned(settings, node="dead")
+    announcement = assigned(settings, node="dead")
     with write_session(settings.database_url) as session:
-        session.add(BidRow(task_id=rfp.task_id, attempt=1, node="next", will_bid=True,
-                           score=0.5, breakdown={"eligible": True}, payload={}, bid_at=0.0))
-        session.get(AnnouncementRow, rfp.task_id).state = lifecycle.EXECUTING  # type: ignore[union-attr]
+        session.add(
+            BidRow(
+                task_id=announcement.task_id,
+                attempt=1,
+                node="next",
+                will_bid=True,
+                score=0.5,
+                breakdown={"eligible": True},
+                payload={},
+                bid_at=0.0,
+            )
+        )
+        session.get(AnnouncementRow, announcement.task_id).state = lifecycle.EXECUTING  # type: ignore[union-attr]
     heartbeat(settings, NodeProfile(name="next", capabilities=["s1"]))
     heartbeat(settings, NodeProfile(name="dead", capabilities=["s1"]), now=time.time() - 3600)
     invalidate_cache()
@@ -99,11 +126,11 @@ def test_a_reaward_is_sent_after_its_commit_and_a_failed_send_is_resent_later(
     # write transaction
     assert moved == 1 and writable == [True]
     with read_session(settings.database_url) as session:
-        found = session.get(AnnouncementRow, rfp.task_id)
+        found = session.get(AnnouncementRow, announcement.task_id)
         assert found is not None
         assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, "next")
     # and the failed send is logged against the new winner, due for a resend
-    kinds = [(k, n) for k, n, _, _ in log(settings, rfp.task_id)]
+    kinds = [(k, n) for k, n, _, _ in log(settings, announcement.task_id)]
     assert kinds[-2:] == [(journal.REAWARDED, "next"), (journal.SEND_FAILED, "next")]
 
 
@@ -125,15 +152,18 @@ def _store_is_writable(settings: Settings) -> bool:
 
 
 def test_one_lost_task_that_cannot_be_handled_does_not_stop_the_others(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given two tasks on a dead node, the first of which fails to be re-placed
     first, second = assigned(settings, node="dead"), assigned(settings, node="dead")
     heartbeat(settings, NodeProfile(name="dead", capabilities=["s1"]), now=time.time() - 3600)
     real = watchdog_module.replace_winner
 
-    def flaky_replace(settings_: Settings, app: Any, lost: LostWinner, *args: Any,
-                      **kwargs: Any) -> bool:
+    def flaky_replace(
+        settings_: Settings, app: Any, lost: LostWinner, *args: Any, **kwargs: Any
+    ) -> bool:
         if lost.announcement.task_id == first.task_id:
             raise ConnectionError("store hiccup")
         return real(settings_, app, lost, *args, **kwargs)
@@ -150,13 +180,13 @@ def test_one_lost_task_that_cannot_be_handled_does_not_stop_the_others(
 
 # --- 4. the fallback keeps to capable nodes that are not excluded ------------------------
 
+
 def test_the_fallback_pool_has_the_required_skills_and_no_excluded_node() -> None:
-    nodes = [live("cpu", ["shared"]), live("gpu1", ["shared", "gpu"]),
-             live("gpu2", ["gpu"])]
-    assert [n.name for n in fallback_pool(announcement(), nodes)] == ["gpu1", "gpu2"]
-    excluded = announcement(exclude_nodes=["gpu1"])
+    nodes = [live("cpu", ["shared"]), live("gpu1", ["shared", "gpu"]), live("gpu2", ["gpu"])]
+    assert [n.name for n in fallback_pool(make_announcement(), nodes)] == ["gpu1", "gpu2"]
+    excluded = make_announcement(exclude_nodes=["gpu1"])
     assert [n.name for n in fallback_pool(excluded, nodes)] == ["gpu2"]
-    assert fallback_pool(announcement(exclude_nodes=["gpu1", "gpu2"]), nodes) == []
+    assert fallback_pool(make_announcement(exclude_nodes=["gpu1", "gpu2"]), nodes) == []
 
 
 def test_a_gpu_task_without_a_gpu_bid_falls_back_to_a_gpu_node_or_fails_clearly(
@@ -166,14 +196,14 @@ def test_a_gpu_task_without_a_gpu_bid_falls_back_to_a_gpu_node_or_fails_clearly(
     heartbeat(settings, NodeProfile(name="cpu", capabilities=["shared"]))
     heartbeat(settings, NodeProfile(name="gpu", capabilities=["gpu"]))
     invalidate_cache()
-    rfp = announcement(no_bid="fallback")
-    bidding_row(settings, rfp, ["gpu"])
+    announcement = make_announcement(no_bid="fallback")
+    bidding_row(settings, announcement, ["gpu"])
     # when the auction closes with no answers
-    won = award_answers(settings, rfp, [], closed_by="deadline", candidates=1, write=True)
+    won = award_answers(settings, announcement, [], closed_by="deadline", candidates=1, write=True)
     # then seed 000's fallback gives it to the GPU node, never to the CPU one
     assert won is not None and (won.outcome, won.winner) == ("fallback", "gpu")
     # and with the GPU node excluded (it failed the task), the task fails, saying why
-    again = announcement(no_bid="fallback", exclude_nodes=["gpu"])
+    again = make_announcement(no_bid="fallback", exclude_nodes=["gpu"])
     bidding_row(settings, again, ["gpu"])
     lost = award_answers(settings, again, [], closed_by="deadline", candidates=1, write=True)
     assert lost is not None and lost.winner is None
@@ -181,6 +211,7 @@ def test_a_gpu_task_without_a_gpu_bid_falls_back_to_a_gpu_node_or_fails_clearly(
 
 
 # --- 5. timeouts on the paths every auction depends on -----------------------------------
+
 
 def test_the_redis_boards_calls_time_out() -> None:
     board = RedisBoard("redis://127.0.0.1:1/0")
@@ -197,12 +228,12 @@ def test_a_judge_that_does_not_answer_in_time_leaves_the_decision_to_the_fallbac
         release.wait(10)
         return Judgment(selected_agent_id="slow")
 
-    rfp = announcement()
-    bids = [bid(rfp, "a", confidence=0.6), bid(rfp, "b", confidence=0.9)]
+    announcement = make_announcement()
+    bids = [bid(announcement, "a", confidence=0.6), bid(announcement, "b", confidence=0.9)]
     strategy = AgentJudgment(judge=hangs, timeout=0.2)
     # when it is asked
     started = time.monotonic()
-    chosen = strategy.select(bids, rfp, {})
+    chosen = strategy.select(bids, announcement, {})
     release.set()
     # then the fallback (WeightedScore) decided within about the timeout, and says why
     assert chosen is not None and chosen.node == "b"
@@ -211,11 +242,13 @@ def test_a_judge_that_does_not_answer_in_time_leaves_the_decision_to_the_fallbac
 
 
 def test_a_blocked_sweeper_phase_does_not_stop_the_others(
-    store_url: str, monkeypatch: pytest.MonkeyPatch,
+    store_url: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a deadline closer stuck on a dead connection
-    settings = load_settings({"bidding_database_url": store_url,
-                              "bidding_sweep_interval": 0.05}, environ={})
+    settings = load_settings(
+        {"bidding_database_url": store_url, "bidding_sweep_interval": 0.05}, environ={}
+    )
     stuck, ran = threading.Event(), threading.Event()
     monkeypatch.setattr(sweeper, "close_expired", lambda *_: stuck.wait(10))
     monkeypatch.setattr(sweeper, "announce_due", lambda *_: 0)
@@ -233,26 +266,32 @@ def test_a_blocked_sweeper_phase_does_not_stop_the_others(
 
 # --- 6. a bid posted on the store board while the auction closes ---------------------------
 
+
 def test_a_bid_posted_after_the_close_read_the_board_is_late(settings: Settings) -> None:
     # given an auction on the store board with two candidates; a answered in time
-    rfp = announcement(required_skills=["s1"])
-    bidding_row(settings, rfp, ["a", "b"])
+    announcement = make_announcement(required_skills=["s1"])
+    bidding_row(settings, announcement, ["a", "b"])
     board = StoreBoard(settings.database_url)
-    board.post(bid(rfp, "a", confidence=0.6), expected=2, window=rfp.window)
+    board.post(bid(announcement, "a", confidence=0.6), expected=2, window=announcement.window)
     # when the close reads the board, b's bid is posted, and then the award is committed
-    answers = board.close(rfp.task_id, rfp.attempt)
-    board.post(bid(rfp, "b", confidence=0.99), expected=2, window=rfp.window)
-    won = award_answers(settings, rfp, answers, closed_by="deadline", candidates=2, write=False)
+    answers = board.close(announcement.task_id, announcement.attempt)
+    board.post(bid(announcement, "b", confidence=0.99), expected=2, window=announcement.window)
+    won = award_answers(
+        settings, announcement, answers, closed_by="deadline", candidates=2, write=False
+    )
     # then a won, and b's bid, which the decision never saw, is marked late
     assert won is not None and won.winner == "a"
     with read_session(settings.database_url) as session:
-        rows = {r.node: r for r in session.scalars(select(BidRow).where(
-            BidRow.task_id == rfp.task_id))}
+        rows = {
+            r.node: r
+            for r in session.scalars(select(BidRow).where(BidRow.task_id == announcement.task_id))
+        }
     assert rows["b"].late is True and rows["b"].score is None
     assert rows["a"].late is False and rows["a"].is_winner is True
 
 
 # --- 7. strategy names from messages are resolved against an allowlist ---------------------
+
 
 def test_a_dotted_strategy_path_must_be_allowed() -> None:
     path = "bidding.strategies.builtins:Composite"
@@ -264,18 +303,25 @@ def test_a_dotted_strategy_path_must_be_allowed() -> None:
 
 
 def test_a_node_refuses_a_strategy_it_does_not_allow_and_the_award_says_why(
-    settings: Settings, caplog: pytest.LogCaptureFixture,
+    settings: Settings,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # given an announcement (from a message) naming a module the node does not allow
-    rfp = announcement(strategy="os.path:join", required_skills=["s1"])
+    announcement = make_announcement(strategy="os.path:join", required_skills=["s1"])
     # when the node resolves it, then it refuses, without importing, and logs why
-    refused = strategy_of(settings, rfp)
-    assert refused.select([bid(rfp, "a")], rfp, {}) is None
+    refused = strategy_of(settings, announcement)
+    assert refused.select([bid(announcement, "a")], announcement, {}) is None
     assert "strategy refused" in caplog.text
     # and an award under it fails with the reason
-    bidding_row(settings, rfp, ["a"])
-    lost = award_answers(settings, rfp, [bid(rfp, "a")], closed_by="all bids in",
-                         candidates=1, write=True)
+    bidding_row(settings, announcement, ["a"])
+    lost = award_answers(
+        settings,
+        announcement,
+        [bid(announcement, "a")],
+        closed_by="all bids in",
+        candidates=1,
+        write=True,
+    )
     assert lost is not None and lost.winner is None
     assert "not allowed here" in (lost.error or "")
 
@@ -291,9 +337,15 @@ def test_the_caller_refuses_a_strategy_path_not_allowed_at_apply_async(store_url
     settings = load_settings({"bidding_database_url": store_url}, environ={})
     with pytest.raises(ConfigurationError, match="bidding_allowed_strategies"):
         build_announcement(Task(), settings, [], {}, {"strategy": "os.path:join"})  # type: ignore[arg-type]
-    allowed = load_settings({"bidding_database_url": store_url}, environ={
-        "BIDDING_ALLOWED_STRATEGIES": "bidding.strategies.builtins:Composite"})
-    rfp = build_announcement(Task(), allowed, [], {},  # type: ignore[arg-type]
-                             {"strategy": "bidding.strategies.builtins:Composite"})
-    assert rfp.strategy == "bidding.strategies.builtins:Composite"
-
+    allowed = load_settings(
+        {"bidding_database_url": store_url},
+        environ={"BIDDING_ALLOWED_STRATEGIES": "bidding.strategies.builtins:Composite"},
+    )
+    announcement = build_announcement(
+        Task(),
+        allowed,
+        [],
+        {},  # type: ignore[arg-type]
+        {"strategy": "bidding.strategies.builtins:Composite"},
+    )
+    assert announcement.strategy == "bidding.strategies.builtins:Composite"

@@ -15,8 +15,7 @@ from bidding.models import Announcement
 from bidding.store import read_session, write_session
 from bidding.store.engine import get_engine
 from bidding.store.rows import insert_rows
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow, Message
+from bidding.store.schema import AnnouncementRow, BidRow, Message
 from tests.unit.conftest import postgres_database, psycopg_commands
 
 
@@ -60,10 +59,12 @@ def test_on_postgresql_a_transactions_messages_travel_with_its_commit(
         monkeypatch: pytest.MonkeyPatch) -> None:
     with postgres_database() as url:
         sent = psycopg_commands(monkeypatch)
-        rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+        announcement = Announcement(
+            task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0
+        )
         # given a transaction that adds a row and logs a message
         with write_session(url) as session:
-            session.add(AnnouncementRow(**row_values(rfp, states.BIDDING, [])))
+            session.add(AnnouncementRow(**row_values(announcement, states.BIDDING, [])))
             journal.record(session, "t1", journal.ANNOUNCED, at=1.0)
         # then its COMMIT went in one pipeline with the message's INSERT, and no other
         assert [c for c in sent if c[0] == "COMMIT"] == [("COMMIT", True)]
@@ -77,11 +78,13 @@ def test_on_postgresql_a_message_that_fails_at_commit_takes_the_transaction_with
     from sqlalchemy.exc import DataError
 
     with postgres_database() as url:
-        rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+        announcement = Announcement(
+            task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0
+        )
         # given a transaction that adds a row and logs a message the log cannot hold (a node
         # name longer than its column)
         with pytest.raises(DataError) as raised, write_session(url) as session:
-            session.add(AnnouncementRow(**row_values(rfp, states.BIDDING, [])))
+            session.add(AnnouncementRow(**row_values(announcement, states.BIDDING, [])))
             journal.record(session, "t1", journal.ANNOUNCED, node="n" * 40, at=1.0)
         assert "too long" in str(raised.value)
         # then neither is stored, and the pooled connection works for the next transaction
@@ -117,7 +120,8 @@ def test_on_postgresql_a_server_lost_at_commit_is_the_error_an_outage_is_waited_
 
 
 def test_on_postgresql_reads_run_without_a_transaction_and_writes_keep_theirs(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     with postgres_database() as url:
         with read_session(url) as session:  # the pool's connection, made and handed back
             session.execute(text("SELECT 1"))
@@ -130,8 +134,12 @@ def test_on_postgresql_reads_run_without_a_transaction_and_writes_keep_theirs(
         # and a write session on the same pooled connection still rolls back as a whole
         with pytest.raises(RuntimeError), write_session(url) as session:
             journal.record(session, "t1", journal.ANNOUNCED, at=1.0)
-            session.execute(text("INSERT INTO bidding_messages (task_id, kind, attempt, "
-                                 "detail, at) VALUES ('t0', 'ANNOUNCED', 1, '{}', 0)"))
+            session.execute(
+                text(
+                    "INSERT INTO bidding_messages (task_id, kind, attempt, "
+                    "detail, at) VALUES ('t0', 'ANNOUNCED', 1, '{}', 0)"
+                )
+            )
             raise RuntimeError("boom")
         assert ("BEGIN", False) in sent and ("ROLLBACK", False) in sent
         with read_session(url) as session:
@@ -155,12 +163,25 @@ def test_a_transaction_that_rolls_back_logs_nothing(settings: Settings) -> None:
 def test_rows_go_in_with_their_ids_returned(settings: Settings) -> None:
     url = settings.database_url
     # given an announcement
-    rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+    announcement = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
     with write_session(url) as session:
-        session.add(AnnouncementRow(**row_values(rfp, states.BIDDING, [])))
-    rows = [{"task_id": "t1", "attempt": 1, "node": f"n{i}", "will_bid": i != 1,
-             "reason": "", "payload": {"i": i}, "breakdown": {}, "score": i / 10,
-             "is_winner": i == 2, "late": False, "bid_at": float(i)} for i in range(250)]
+        session.add(AnnouncementRow(**row_values(announcement, states.BIDDING, [])))
+    rows = [
+        {
+            "task_id": "t1",
+            "attempt": 1,
+            "node": f"n{i}",
+            "will_bid": i != 1,
+            "reason": "",
+            "payload": {"i": i},
+            "breakdown": {},
+            "score": i / 10,
+            "is_winner": i == 2,
+            "late": False,
+            "bid_at": float(i),
+        }
+        for i in range(250)
+    ]
     # when 250 rows are inserted, returning their ids
     with write_session(url) as session:
         got = insert_rows(session, BidRow.__table__, rows, returning=("id", "node"))
@@ -202,6 +223,7 @@ def test_the_pool_size_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> N
         monkeypatch.setattr("bidding.config._pool_size", [5])
         get_settings(app)
         from bidding.store.engine import dispose_all
+
         dispose_all()
         assert get_engine(url).pool.size() == 12  # type: ignore[attr-defined]
 
@@ -216,19 +238,30 @@ def test_an_award_waiting_for_a_nodes_lock_counts_the_work_awarded_meanwhile() -
     with postgres_database() as url:
         settings = Settings(database_url=url, auto_migrate=False)
         heartbeat(settings, NodeProfile(name="redfin", capabilities=["pdf"]))
-        rfp = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
+        announcement = Announcement(
+            task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0
+        )
         counted: list[int] = []
         # given an award that holds redfin's lock and assigns it a task
         with write_session(url) as first:
             lock_states(first, ["redfin"], lock=True, task_type="t", since=0.0)
-            first.add(AnnouncementRow(**{**row_values(rfp, states.ASSIGNED, ["redfin"]),
-                                         "assigned_node": "redfin"}))
+            first.add(
+                AnnouncementRow(
+                    **{
+                        **row_values(announcement, states.ASSIGNED, ["redfin"]),
+                        "assigned_node": "redfin",
+                    }
+                )
+            )
 
             # when a second award reads redfin's state meanwhile (it waits for the lock)
             def second() -> None:
                 with write_session(url) as session:
-                    counted.append(lock_states(session, ["redfin"], lock=True, task_type="t",
-                                               since=0.0)["redfin"].in_flight)
+                    counted.append(
+                        lock_states(session, ["redfin"], lock=True, task_type="t", since=0.0)[
+                            "redfin"
+                        ].in_flight
+                    )
 
             waiter = threading.Thread(target=second)
             waiter.start()

@@ -1,6 +1,7 @@
 """Unit tests of bidding.strategies: seed 003's test list, completed, on the sync API.
 
-``strategy.select(bids, rfp, capabilities)`` returns a Bid or None; async strategies go through
+``strategy.select(bids, announcement, capabilities)`` returns a Bid or None; async strategies go
+through
 ``run_select``. No broker, no database, no network (LLM judges use pydantic-ai's offline models).
 """
 
@@ -82,7 +83,7 @@ class CostAwareStrategy:
     async def select(
         self,
         bids: Sequence[Bid],
-        rfp: Announcement,
+        announcement: Announcement,
         capabilities: Mapping[str, NodeCapability],
     ) -> Bid | None:
         affordable = [b for b in bids if b.metadata.get("estimated_tokens", 0) <= self.max_tokens]
@@ -130,25 +131,25 @@ def test_best_skill_match_prefers_skill_match_over_confidence():
         "a": NodeCapability(node="a", skills=["x"]),
         "b": NodeCapability(node="b", skills=["skill_a"]),
     }
-    rfp = make_rfp(required_skills=["skill_a"])
+    announcement = make_rfp(required_skills=["skill_a"])
     # when BestSkillMatch selects
-    winner = BestSkillMatch().select(bids, rfp, caps)
+    winner = BestSkillMatch().select(bids, announcement, caps)
     # then the skilled node wins, with a match of 1.0 against 0.0
     assert winner is not None
     assert winner.node == "b"
-    assert BestSkillMatch().score(bids[1], rfp, caps).total == 1.0
-    assert BestSkillMatch().score(bids[0], rfp, caps).total == 0.0
+    assert BestSkillMatch().score(bids[1], announcement, caps).total == 1.0
+    assert BestSkillMatch().score(bids[0], announcement, caps).total == 0.0
 
 
 def test_best_skill_match_uses_bid_skills_when_capability_map_lacks_node():
     # given bids that declare their skills, and an empty capability map
     bids = [make_bid("a", skills=["x"]), make_bid("b", skills=["sql", "gpu"])]
-    rfp = make_rfp(required_skills=["sql", "gpu"])
+    announcement = make_rfp(required_skills=["sql", "gpu"])
     # when BestSkillMatch scores them
     # then the skills declared on the bid count: 0/2 and 2/2
-    assert BestSkillMatch().score(bids[0], rfp, {}).total == 0.0
-    assert BestSkillMatch().score(bids[1], rfp, {}).total == 1.0
-    assert nodes([BestSkillMatch().select(bids, rfp, {})]) == ["b"]
+    assert BestSkillMatch().score(bids[0], announcement, {}).total == 0.0
+    assert BestSkillMatch().score(bids[1], announcement, {}).total == 1.0
+    assert nodes([BestSkillMatch().select(bids, announcement, {})]) == ["b"]
 
 
 def test_capabilities_of_maps_each_bidder_to_its_declared_skills():
@@ -177,41 +178,41 @@ def weighted_case() -> tuple[list[Bid], Announcement]:
 
 def test_weighted_default_weights_exact_scores():
     # given the weighted case and default weights 0.6 / 0.4
-    bids, rfp = weighted_case()
+    bids, announcement = weighted_case()
     strategy = WeightedScore()
     caps = capabilities_of(bids)
     # when both bids are scored
-    confident = strategy.score(bids[0], rfp, caps)
-    skilled = strategy.score(bids[1], rfp, caps)
+    confident = strategy.score(bids[0], announcement, caps)
+    skilled = strategy.score(bids[1], announcement, caps)
     # then confident = 0.6*0.9 + 0.4*0.5 = 0.74 and skilled = 0.6*0.5 + 0.4*1.0 = 0.70
     assert confident.total == pytest.approx(0.74)
     assert confident.terms == pytest.approx({"confidence": 0.54, "skill_match": 0.2})
     assert skilled.total == pytest.approx(0.70)
     # and the confident bid wins
-    assert nodes([strategy.select(bids, rfp, caps)]) == ["confident"]
+    assert nodes([strategy.select(bids, announcement, caps)]) == ["confident"]
 
 
 def test_weighted_custom_weights_flip_the_winner():
     # given the same bids, and weights 0.2 confidence / 0.8 skill match
-    bids, rfp = weighted_case()
+    bids, announcement = weighted_case()
     strategy = WeightedScore(confidence_weight=0.2, skill_weight=0.8)
     caps = capabilities_of(bids)
     # when scored: confident = 0.18 + 0.4 = 0.58; skilled = 0.1 + 0.8 = 0.90
-    assert strategy.score(bids[0], rfp, caps).total == pytest.approx(0.58)
-    assert strategy.score(bids[1], rfp, caps).total == pytest.approx(0.90)
+    assert strategy.score(bids[0], announcement, caps).total == pytest.approx(0.58)
+    assert strategy.score(bids[1], announcement, caps).total == pytest.approx(0.90)
     # then the skilled bid wins, where the default weights chose the confident one
-    assert nodes([strategy.select(bids, rfp, caps)]) == ["skilled"]
-    assert nodes([WeightedScore().select(bids, rfp, caps)]) == ["confident"]
+    assert nodes([strategy.select(bids, announcement, caps)]) == ["skilled"]
+    assert nodes([WeightedScore().select(bids, announcement, caps)]) == ["confident"]
 
 
 def test_weighted_without_required_skills_is_bare_confidence():
     # given a task with no required skills (seed 001: score is the bare confidence,
     # not seed 003's confidence * 0.6; the class docstring documents the choice)
-    rfp = make_rfp()
+    announcement = make_rfp()
     bid = make_bid("a", confidence=0.7, skills=["sql"])
     # when scored with default and with custom weights
-    default = WeightedScore().score(bid, rfp, {})
-    custom = WeightedScore(confidence_weight=0.2, skill_weight=0.8).score(bid, rfp, {})
+    default = WeightedScore().score(bid, announcement, {})
+    custom = WeightedScore(confidence_weight=0.2, skill_weight=0.8).score(bid, announcement, {})
     # then the total equals the confidence, 0.7, not 0.42 or 0.14
     assert default.total == 0.7
     assert default.terms == {"confidence": 0.7}
@@ -303,25 +304,25 @@ def routing_bid(node: str, **fields: Any) -> Bid:
 def test_routing_max_cost_is_budget_when_set():
     # given a task with a budget of 4.0 and bids costing 1.0 and 2.0
     bids = [routing_bid("a", cost=1.0), routing_bid("b", cost=2.0)]
-    rfp = make_rfp(budget=4.0)
+    announcement = make_rfp(budget=4.0)
     strategy = Routing()
     # when the auction is ranked
-    assert Routing.max_cost(bids, rfp) == 4.0
-    strategy.select(bids, rfp, {})
+    assert Routing.max_cost(bids, announcement) == 4.0
+    strategy.select(bids, announcement, {})
     # then costs are measured against the budget: (1 - 1/4) * 0.2 = 0.15, (1 - 2/4) * 0.2 = 0.1
-    assert strategy.score(bids[0], rfp, {}).terms["cost"] == pytest.approx(0.15)
-    assert strategy.score(bids[1], rfp, {}).terms["cost"] == pytest.approx(0.10)
+    assert strategy.score(bids[0], announcement, {}).terms["cost"] == pytest.approx(0.15)
+    assert strategy.score(bids[1], announcement, {}).terms["cost"] == pytest.approx(0.10)
 
 
 def test_routing_max_cost_is_highest_bid_without_budget():
     # given no budget and bids costing 1.0 and 2.0
     bids = [routing_bid("a", cost=1.0), routing_bid("b", cost=2.0)]
-    rfp = make_rfp()
+    announcement = make_rfp()
     strategy = Routing()
     # when the auction is ranked
-    assert Routing.max_cost(bids, rfp) == 2.0
-    winner = strategy.select(bids, rfp, {})
-    scores = strategy.score_all(bids, rfp, {})
+    assert Routing.max_cost(bids, announcement) == 2.0
+    winner = strategy.select(bids, announcement, {})
+    scores = strategy.score_all(bids, announcement, {})
     # then the dearest bid gets a cost term of 0 and the other (1 - 1/2) * 0.2 = 0.1
     assert scores[0].terms["cost"] == pytest.approx(0.10)
     assert scores[1].terms["cost"] == 0.0
@@ -329,7 +330,7 @@ def test_routing_max_cost_is_highest_bid_without_budget():
     assert nodes([winner]) == ["a"]
     assert scores[0].total == pytest.approx(0.82)
     # and scoring carries no state between auctions: a bid alone is its own cost range
-    assert strategy.score(bids[0], rfp, {}).terms["cost"] == 0.0
+    assert strategy.score(bids[0], announcement, {}).terms["cost"] == 0.0
 
 
 def test_routing_prefers_faster():
@@ -413,13 +414,15 @@ def judged_case() -> tuple[list[Bid], Announcement, dict[str, NodeCapability]]:
         make_bid("bluefin", confidence=0.6, skills=["database", "sql"], proposal="run SQL"),
         make_bid("greenfin", confidence=0.7, skills=["monitoring"], proposal="watch it"),
     ]
-    rfp = make_rfp(content="Summarise last week's orders", required_skills=["database", "sql"])
-    return bids, rfp, capabilities_of(bids)
+    announcement = make_rfp(
+        content="Summarise last week's orders", required_skills=["database", "sql"]
+    )
+    return bids, announcement, capabilities_of(bids)
 
 
 def test_judgment_picks_the_judges_choice_and_keeps_reasoning():
     # given a judge that names greenfin (not the fallback's choice) and records its inputs
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     seen: list[tuple[Any, ...]] = []
 
     def judge(b, r, c):
@@ -428,22 +431,22 @@ def test_judgment_picks_the_judges_choice_and_keeps_reasoning():
 
     strategy = AgentJudgment(judge=judge)
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then greenfin wins, the reasoning is kept, and the judge saw the auction
     assert nodes([winner]) == ["greenfin"]
     assert strategy.last_reasoning == "best proposal"
     assert len(seen) == 1
     assert nodes(seen[0][0]) == ["redfin", "bluefin", "greenfin"]
-    assert seen[0][1] is rfp
+    assert seen[0][1] is announcement
     assert seen[0][2] is caps
 
 
 def test_judgment_naming_a_non_bidder_falls_back_to_weighted():
     # given a judge that names a node that did not bid
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     strategy = AgentJudgment(judge=lambda b, r, c: Judgment(selected_agent_id="ghost"))
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then WeightedScore decides (bluefin) and the reasoning says why
     assert nodes([winner]) == ["bluefin"]
     assert "'ghost'" in strategy.last_reasoning
@@ -453,14 +456,14 @@ def test_judgment_naming_a_non_bidder_falls_back_to_weighted():
 
 def test_judgment_raising_judge_falls_back():
     # given a judge that raises
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
 
     def judge(b, r, c):
         raise TimeoutError("model took too long")
 
     strategy = AgentJudgment(judge=judge)
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then the auction still has a winner (the fallback's) and the failure is recorded
     assert nodes([winner]) == ["bluefin"]
     assert "judge failed" in strategy.last_reasoning
@@ -470,11 +473,11 @@ def test_judgment_raising_judge_falls_back():
 
 def test_judgment_without_judge_falls_back():
     # given AgentJudgment as resolved by name, with no judge configured
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     strategy = resolve_strategy("agent_judgment")
     assert isinstance(strategy, AgentJudgment)
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then the fallback decides and the reasoning says there was no judge
     assert nodes([winner]) == ["bluefin"]
     assert strategy.last_reasoning == "no judge configured; fell back to weighted"
@@ -482,10 +485,10 @@ def test_judgment_without_judge_falls_back():
 
 def test_judgment_custom_fallback():
     # given a judge-less AgentJudgment whose fallback is HighestConfidence
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     strategy = AgentJudgment(fallback=HighestConfidence())
     # then the most confident bid (redfin) wins and the reasoning names that fallback
-    assert nodes([strategy.select(bids, rfp, caps)]) == ["redfin"]
+    assert nodes([strategy.select(bids, announcement, caps)]) == ["redfin"]
     assert strategy.last_reasoning.endswith("highest_confidence")
 
 
@@ -504,7 +507,7 @@ def test_judgment_with_no_bids_does_not_call_judge():
 
 def test_llm_judge_with_function_model_selects_named_node():
     # given a FunctionModel that answers through the output tool, naming greenfin
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     seen: dict[str, Any] = {}
 
     def model_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -517,7 +520,7 @@ def test_llm_judge_with_function_model_selects_named_node():
 
     strategy = AgentJudgment(judge=llm_judge(FunctionModel(model_fn)))
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then the model's pick wins and its reasoning is kept
     assert nodes([winner]) == ["greenfin"]
     assert strategy.last_reasoning == "monitoring covers it"
@@ -537,7 +540,7 @@ def test_llm_judge_with_function_model_selects_named_node():
 
 def test_llm_judge_with_function_model_naming_non_bidder_falls_back():
     # given a model that names a node that did not bid
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
 
     def model_fn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         args = {"selected_agent_id": "tpm", "reasoning": "planning"}
@@ -545,16 +548,16 @@ def test_llm_judge_with_function_model_naming_non_bidder_falls_back():
 
     strategy = AgentJudgment(judge=llm_judge(FunctionModel(model_fn)))
     # then the fallback's pick wins and the reasoning names the bad pick
-    assert nodes([strategy.select(bids, rfp, caps)]) == ["bluefin"]
+    assert nodes([strategy.select(bids, announcement, caps)]) == ["bluefin"]
     assert "'tpm'" in strategy.last_reasoning
 
 
 def test_llm_judge_with_test_model_returns_one_of_the_bids():
     # given pydantic-ai's TestModel, which produces some schema-valid output
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     strategy = AgentJudgment(judge=llm_judge(TestModel()))
     # when it selects
-    winner = strategy.select(bids, rfp, caps)
+    winner = strategy.select(bids, announcement, caps)
     # then one of the bids wins (the model's pick or the fallback's)
     assert winner is not None
     assert winner in bids
@@ -562,11 +565,11 @@ def test_llm_judge_with_test_model_returns_one_of_the_bids():
 
 def test_llm_judge_with_test_model_custom_output():
     # given a TestModel told to answer "redfin"
-    bids, rfp, caps = judged_case()
+    bids, announcement, caps = judged_case()
     model = TestModel(custom_output_args={"selected_agent_id": "redfin", "reasoning": "GPU"})
     strategy = AgentJudgment(judge=llm_judge(model))
     # then redfin wins with that reasoning
-    assert nodes([strategy.select(bids, rfp, caps)]) == ["redfin"]
+    assert nodes([strategy.select(bids, announcement, caps)]) == ["redfin"]
     assert strategy.last_reasoning == "GPU"
 
 
@@ -691,7 +694,9 @@ def test_resolve_missing_attribute():
 def test_resolve_object_without_select_is_a_configuration_error():
     # given an object with no select method
     # then ConfigurationError says select is missing
-    with pytest.raises(ConfigurationError, match=r"has no select\(bids, rfp, capabilities\)"):
+    with pytest.raises(
+        ConfigurationError, match=r"has no select\(bids, announcement, capabilities\)"
+    ):
         resolve_strategy(object())
 
 
@@ -741,12 +746,12 @@ def test_weighted_score_prefers_a_free_slot_over_a_slightly_better_full_node():
     # given a full node with a better record and an idle one slightly worse
     full = make_bid("full", confidence=0.95, in_flight=4, capacity=4)
     idle = make_bid("idle", confidence=0.85, in_flight=0, capacity=4)
-    rfp = make_rfp(required_skills=["x"])
+    announcement = make_rfp(required_skills=["x"])
     caps = {b.node: NodeCapability(node=b.node, skills=["x"]) for b in (full, idle)}
     # when scored, then the full node's score is scaled by its slot share 4/5 and the idle wins
-    scores = WeightedScore().score_all([full, idle], rfp, caps)
+    scores = WeightedScore().score_all([full, idle], announcement, caps)
     assert scores[0].multipliers == {"slot_share": pytest.approx(0.8)}
     assert scores[0].total == pytest.approx((0.6 * 0.95 + 0.4) * 0.8)
-    assert WeightedScore().select([full, idle], rfp, caps).node == "idle"
+    assert WeightedScore().select([full, idle], announcement, caps).node == "idle"
     # and seed 003's plain form (slot_share=False) picks the better record
-    assert WeightedScore(slot_share=False).select([full, idle], rfp, caps).node == "full"
+    assert WeightedScore(slot_share=False).select([full, idle], announcement, caps).node == "full"

@@ -22,8 +22,7 @@ from bidding.auction.board.protocol import Answer, Posted, RequestIntake
 from bidding.lifecycle import states
 from bidding.nodes.profile import bid_queue
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
-from bidding.store.schema import BidRow
+from bidding.store.schema import AnnouncementRow, BidRow
 
 logger = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ from bidding.store import read_session
 
 logger = logging.getLogger(__name__)
 
-def award_behind(settings: Settings, app: Celery, rfp: Announcement,
+def award_behind(settings: Settings, app: Celery, announcement: Announcement,
                  nodes: Sequence[LiveNode]) -> Award | None:
-    """Bid for ``nodes`` and award ``rfp`` (a new task with a fresh id) into the journal; the
-    caller routes the award. None when the journal is off.
+    """Bid for ``nodes`` and award the announcement (a new task with a fresh id) into the
+    journal; the caller routes the award. None when the journal is off.
 
     The bidders' state is read outside any transaction, with their reservations, and the
     award's append compare-and-sets the version of the winner's reservations, so two
@@ -47,8 +47,8 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
     journal = get_journal(settings, app)
     if journal is None:
         return None
-    strategy = strategy_of(settings, rfp)
-    inside = answers_inside(settings, rfp, nodes)
+    strategy = strategy_of(settings, announcement)
+    inside = answers_inside(settings, announcement, nodes)
     bidders = sorted(set(inside.nodes))
     candidates = [node.name for node in nodes]
 
@@ -58,28 +58,50 @@ def award_behind(settings: Settings, app: Celery, rfp: Announcement,
         seen = journal.reservations(bidders)
         held = {name: r.count for name, r in seen.items()}
         with read_session(settings.database_url) as session:
-            known = lock_states(session, bidders, lock=False, task_type=rfp.task_type,
-                                since=inside.now - settings.recent_failure_seconds)
-            known = {name: replace(state, in_flight=state.in_flight + held.get(name, 0))
-                     for name, state in known.items()}
+            known = lock_states(
+                session,
+                bidders,
+                lock=False,
+                task_type=announcement.task_type,
+                since=inside.now - settings.recent_failure_seconds,
+            )
+            known = {
+                name: replace(state, in_flight=state.in_flight + held.get(name, 0))
+                for name, state in known.items()
+            }
             answers = list(inside.make(session, known))
         counts = {name: state.in_flight for name, state in known.items()}
-        award = decide_award(settings, rfp, strategy, answers, counts,
-                             Closing(PROXY_CLOSE, len(nodes)), extra_load=held)
+        award = decide_award(
+            settings,
+            announcement,
+            strategy,
+            answers,
+            counts,
+            Closing(PROXY_CLOSE, len(nodes)),
+            extra_load=held,
+        )
         expect = None
         if award.winner is not None and not last:
             # A fallback winner is no bidder: its reservations are read now.
-            found = seen[award.winner] if award.winner in seen else \
-                journal.reservations([award.winner])[award.winner]
+            found = (
+                seen[award.winner]
+                if award.winner in seen
+                else journal.reservations([award.winner])[award.winner]
+            )
             expect = found.version
-        entry = Entry(rfp=rfp, candidates=candidates, answers=answers, award=award,
-                      counts=counts)
+        entry = Entry(
+            announcement=announcement,
+            candidates=candidates,
+            answers=answers,
+            award=award,
+            counts=counts,
+        )
         try:
             if journal.append(entry, expect) == STALE:
                 return AGAIN
             return award
         except (redis.RedisError, AlreadyJournaled) as exc:
-            return _taken(journal, rfp.task_id, exc)
+            return _taken(journal, announcement.task_id, exc)
 
     return reserve(append_once)
 
@@ -91,11 +113,18 @@ def _taken(journal: Journal, task_id: str, exc: Exception) -> Award:
     try:
         (held,) = journal.entries([task_id])
     except redis.RedisError as again:
-        raise AppendUnknown(f"journaling the award of {task_id} failed ({reason_of(exc)}) and "
-                            f"Redis cannot say whether it took it ({reason_of(again)})") from exc
+        raise AppendUnknown(
+            f"journaling the award of {task_id} failed ({reason_of(exc)}) and "
+            f"Redis cannot say whether it took it ({reason_of(again)})"
+        ) from exc
     if isinstance(held, Entry):
-        logger.warning("journaling the award of %s reported %s, but the journal took it",
-                       task_id, reason_of(exc))
+        logger.warning(
+            "journaling the award of %s reported %s, but the journal took it",
+            task_id,
+            reason_of(exc),
+        )
         return held.award
-    raise AppendUnknown(f"journaling the award of {task_id} failed ({reason_of(exc)}) and the "
-                        "journal does not hold it (never taken, or written already)") from exc
+    raise AppendUnknown(
+        f"journaling the award of {task_id} failed ({reason_of(exc)}) and the "
+        "journal does not hold it (never taken, or written already)"
+    ) from exc

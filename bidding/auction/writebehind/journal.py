@@ -104,7 +104,7 @@ class Reservations:
 class Entry:
     """One award as the caller's transaction would have written it."""
 
-    rfp: Announcement
+    announcement: Announcement
     candidates: list[str]
     answers: list[Bid | Refusal]
     award: Award
@@ -114,7 +114,7 @@ class Entry:
     def to_json(self) -> str:
         """The entry as JSON (JSON only, as every message of ours)."""
         return json.dumps({
-            "rfp": self.rfp.model_dump(mode="json"), "candidates": self.candidates,
+            "rfp": self.announcement.model_dump(mode="json"), "candidates": self.candidates,
             "answers": [a.model_dump(mode="json") for a in self.answers],
             "award": self.award.model_dump(mode="json"), "counts": self.counts})
 
@@ -122,7 +122,7 @@ class Entry:
     def from_json(cls, raw: bytes | str) -> Entry:
         """An entry from ``to_json``'s form."""
         data = json.loads(raw)
-        return cls(rfp=Announcement.model_validate(data["rfp"]),
+        return cls(announcement=Announcement.model_validate(data["rfp"]),
                    candidates=list(data["candidates"]),
                    answers=[parse_answer(a) for a in data["answers"]],
                    award=Award.model_validate(data["award"]),
@@ -149,14 +149,14 @@ class Unreadable:
         spec = _object(data.get("rfp"))
         known = {k: v for k, v in spec.items() if k in Announcement.model_fields}
         try:
-            rfp = Announcement.model_validate({**known, "task_id": self.task_id})
+            announcement = Announcement.model_validate({**known, "task_id": self.task_id})
         except ValueError:
-            rfp = Announcement(task_id=self.task_id,
+            announcement = Announcement(task_id=self.task_id,
                                task_name=str(spec.get("task_name") or "unknown"),
                                task_type=str(spec.get("task_type") or "unknown")[:64])
         winner = _object(data.get("award")).get("winner")
         candidates = data.get("candidates")
-        return (rfp, [str(c) for c in candidates] if isinstance(candidates, list) else [],
+        return (announcement, [str(c) for c in candidates] if isinstance(candidates, list) else [],
                 winner if isinstance(winner, str) else None)
 
 
@@ -221,11 +221,11 @@ class Journal:
         winner = entry.award.winner
         result = self._append(
             keys=[self.pending, self.stream, self.reserved_key(winner or ""), self.versions],
-            args=[entry.rfp.task_id, entry.to_json(), winner or "",
+            args=[entry.announcement.task_id, entry.to_json(), winner or "",
                   -1 if expect is None else expect])
         text = result.decode() if isinstance(result, bytes) else str(result)
         if text == "duplicate":
-            raise AlreadyJournaled(f"task {entry.rfp.task_id} is in the journal already")
+            raise AlreadyJournaled(f"task {entry.announcement.task_id} is in the journal already")
         return text
 
     def entries(self, task_ids: Sequence[str]) -> list[Entry | Unreadable | None]:
@@ -239,7 +239,7 @@ class Journal:
 
     def forget(self, entries: Sequence[Entry]) -> None:
         """``entries`` are in the store: drop them and their reservations."""
-        self.release([(e.rfp.task_id, e.award.winner) for e in entries])
+        self.release([(e.announcement.task_id, e.award.winner) for e in entries])
 
     def release(self, tasks: Sequence[tuple[str, str | None]]) -> None:
         """Drop the entries of ``tasks`` (task id, winner) and their winners' reservations, in

@@ -29,7 +29,7 @@ from bidding.auction.writebehind.journal import (
 )
 from bidding.config import Settings
 from bidding.store import read_session, write_session
-from bidding.store.schema import Announcement as AnnouncementRow
+from bidding.store.schema import AnnouncementRow
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +83,17 @@ def write_entries(settings: Settings, entries: Sequence[Entry]) -> int:
         seen: set[str] = set()
         written = 0
         for entry in entries:
-            if entry.rfp.task_id in seen:
+            if entry.announcement.task_id in seen:
                 continue
-            seen.add(entry.rfp.task_id)
+            seen.add(entry.announcement.task_id)
             # Once: written before (a replay), or by a winner writing its own (settle).
-            if not record_new(session, entry.rfp, entry.candidates, once=True):
+            if not record_new(session, entry.announcement, entry.candidates, once=True):
                 continue
-            if not write_award(session, settings, entry.rfp, entry.answers, entry.award,
+            if not write_award(session, settings, entry.announcement, entry.answers, entry.award,
                                entry.counts, write=True):
-                raise AssertionError(f"{entry.rfp.task_id}: a new announcement was not open")
+                raise AssertionError(
+                    f"{entry.announcement.task_id}: a new announcement was not open"
+                )
             written += 1
     return written
 
@@ -173,8 +175,9 @@ class Writer:
             self._next_reclaim = time.monotonic() + reclaim / 2
             batch = journal.reclaim(self.consumer, int(reclaim * 1000))
             if batch:
-                logger.warning("journal: took over %d entries of a writer that went silent",
-                               len(batch))
+                logger.warning(
+                    "journal: took over %d entries of a writer that went silent", len(batch)
+                )
             self._drop_gone(journal, reclaim)
         if not batch:
             batch = journal.read(self.consumer)
@@ -183,12 +186,18 @@ class Writer:
         self._own = True  # if this batch fails, it is read again next pass
         found = journal.entries([task for _, task in batch])
         entries = [e for e in found if isinstance(e, Entry)]
-        unreadable = [(sid, e) for (sid, _), e in zip(batch, found, strict=True)
-                      if isinstance(e, Unreadable)]
+        unreadable = [
+            (sid, e) for (sid, _), e in zip(batch, found, strict=True) if isinstance(e, Unreadable)
+        ]
         written = write_isolated(self.settings, entries)
         for entry, reason in written.refused:
-            fail_unrecorded(self.settings, self.app, entry.rfp, entry.candidates,
-                            f"the store refused its award ({reason})")
+            fail_unrecorded(
+                self.settings,
+                self.app,
+                entry.announcement,
+                entry.candidates,
+                f"the store refused its award ({reason})",
+            )
         expired = self._expired(journal, unreadable)
         journal.forget(entries)
         journal.release([(task, winner) for _, task, winner in expired])
@@ -205,11 +214,13 @@ class Writer:
             logger.warning("journal: deleting the writers that are gone failed (%s)", exc)
             return
         if gone:
-            logger.info("journal: writers %s are gone (silent, holding nothing): deleted",
-                        ", ".join(gone))
+            logger.info(
+                "journal: writers %s are gone (silent, holding nothing): deleted", ", ".join(gone)
+            )
 
-    def _expired(self, journal: Journal, unreadable: Sequence[tuple[str, Unreadable]]
-                 ) -> list[tuple[str, str, str | None]]:
+    def _expired(
+        self, journal: Journal, unreadable: Sequence[tuple[str, Unreadable]]
+    ) -> list[tuple[str, str, str | None]]:
         """Of the entries this version cannot read, those past ``UNREADABLE_GRACE`` since
         their append, failed now: (stream id, task id, winner). The others are left
         unacknowledged, for a writer that can read them (a newer version's takes them over)."""
@@ -219,16 +230,24 @@ class Writer:
         expired = []
         for sid, entry in unreadable:
             if now_ms - int(sid.split("-")[0]) < UNREADABLE_GRACE * 1000:
-                logger.warning("journal: task %s's entry cannot be read here (%s); left for a "
-                               "writer that can (a newer version's)", entry.task_id,
-                               entry.error)
+                logger.warning(
+                    "journal: task %s's entry cannot be read here (%s); left for a "
+                    "writer that can (a newer version's)",
+                    entry.task_id,
+                    entry.error,
+                )
                 continue
-            rfp, candidates, winner = entry.salvage()
-            reason = (f"the journal's writers cannot read its entry ({entry.error}), none for "
-                      f"{UNREADABLE_GRACE:g}s since it was made (a newer version's?)")
-            if fail_unrecorded(self.settings, self.app, rfp, candidates,
-                               reason) is Failed.RECORDED:
-                logger.info("journal: task %s's unreadable entry is in the store already",
-                            entry.task_id)
+            announcement, candidates, winner = entry.salvage()
+            reason = (
+                f"the journal's writers cannot read its entry ({entry.error}), none for "
+                f"{UNREADABLE_GRACE:g}s since it was made (a newer version's?)"
+            )
+            if (
+                fail_unrecorded(self.settings, self.app, announcement, candidates, reason)
+                is Failed.RECORDED
+            ):
+                logger.info(
+                    "journal: task %s's unreadable entry is in the store already", entry.task_id
+                )
             expired.append((sid, entry.task_id, winner))
         return expired
