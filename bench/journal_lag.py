@@ -27,6 +27,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bidding.context import Context
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -103,7 +105,7 @@ def run(args: argparse.Namespace, url: str) -> None:
                 for i in range(args.nodes)]
     for profile in profiles:
         beat(settings, profile)
-    journal = get_journal(settings, app)
+    journal = get_journal(Context(settings, app))
     assert journal is not None
     writers = [subprocess.Popen([sys.executable, __file__, "--writer", url, "--broker",
                                  args.broker], cwd=ROOT) for _ in range(args.writers)]

@@ -46,6 +46,7 @@ from bench.common.log import log
 from bench.common.paths import ROOT
 from bench.common.postgres import LOCAL_SERVER, scratch_database
 from bench.common.redis_server import PrivateRedis
+from bidding.context import Context
 from bidding.observe.logcheck import CheckReport, check_log
 
 POSTGRES = LOCAL_SERVER
@@ -283,7 +284,7 @@ def _journaled(settings: Any, app: Any) -> int | None:
     """How many awards entered the write-behind journal (None when it is off)."""
     from bidding.auction.writebehind import get_journal
 
-    journal = get_journal(settings, app)
+    journal = get_journal(Context(settings, app))
     if journal is None:
         return None
     try:

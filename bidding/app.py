@@ -21,6 +21,7 @@ from bidding.auction.sweeper import Sweeper
 from bidding.auction.watchdog import incarnation_ended
 from bidding.auction.writebehind.plugin import JournalPlugin
 from bidding.config import ENV_PREFIX, Settings, get_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
 from bidding.execution.final_results import keep_final_results_final
@@ -96,7 +97,7 @@ def warm(app: Celery) -> None:
     if settings.auto_migrate:
         ensure_schema(settings.database_url)
     live_nodes(settings)
-    get_board(settings, app)
+    get_board(Context(settings, app))
     _ = app.backend
     with app.producer_or_acquire():
         pass

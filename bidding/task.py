@@ -35,6 +35,7 @@ from bidding.auction.announcement import arguments_json, build_announcement, che
 from bidding.auction.history import history_changed
 from bidding.auction.task_options import check_task_class
 from bidding.config import Settings, get_settings
+from bidding.context import Context
 from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
@@ -130,7 +131,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         keep_clock(settings.database_url)
         announcement = build_announcement(self, settings, args, kwargs, merged, task_id)
         announcement.canvas = canvas_of(self.app, link, link_error, options)
-        return announce(self.app, settings, announcement, delay=delay, fresh_id=task_id is None)
+        return announce(Context(settings, self.app), announcement, delay=delay,
+                        fresh_id=task_id is None)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node: begin its attempt, run the body, record the outcome."""
@@ -139,19 +141,20 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if request.called_directly or attempt is None:
             return super().__call__(*args, **kwargs)
         settings = get_settings(self.app)
-        plugins = plugins_of(self.app, settings)
+        plugins = plugins_of(Context(settings, self.app))
         run = self._begin(settings, plugins, int(attempt))
         try:
             result = self._run_body(run, args, kwargs)
         except Retry:
-            history_changed(settings, self.app, run.node)
+            history_changed(Context(settings, self.app), run.node)
             raise  # self.retry(): apply_async above scheduled the next attempt
         except Exception as exc:
             self._record_failure(settings, plugins, run, exc)  # raises
         return self._record_result(settings, plugins, run, result)
 
-    def _begin(self, settings: Settings, plugins: Sequence[Plugin],
-               attempt: int) -> execution.Running:
+    def _begin(
+        self, settings: Settings, plugins: Sequence[Plugin], attempt: int
+    ) -> execution.Running:
         """Record that the attempt starts here (its start outlasts a store restart), or drop a
         copy of a message this node (or another) has or had, or one that is not this store's
         (Ignore). Flower hears it EXECUTING."""
@@ -164,35 +167,52 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
         def begin() -> execution.Running:
             return outlasting(
-                settings.database_url, f"task {request.id}: recording its start",
+                settings.database_url,
+                f"task {request.id}: recording its start",
                 lambda: execution.begin(
-                    settings, request.id, attempt, str(_header(request, NODE_HEADER)),
+                    settings,
+                    request.id,
+                    attempt,
+                    str(_header(request, NODE_HEADER)),
                     profile.price_per_unit if profile is not None else 0.0,
                     redelivered=bool((request.delivery_info or {}).get("redelivered")),
-                    starter=execution.Starter(request.hostname, incarnation.boot_id(),
-                                              started)))
+                    starter=execution.Starter(request.hostname, incarnation.boot_id(), started),
+                ),
+            )
 
         run = begin()
         if run.start is execution.Start.UNKNOWN and any(
-                plugin.row_coming(request.id) for plugin in plugins):
+            plugin.row_coming(request.id) for plugin in plugins
+        ):
             run = begin()  # its row is written now (a plug-in that writes rows behind)
         if run.start is execution.Start.DUPLICATE:
             # This worker has announced the copy (task-received/started): point Flower back at
             # the worker that has or had the task.
             if request.hostname:
-                restore_view(self.app, settings, request.id)
+                restore_view(Context(settings, self.app), request.id)
             raise Ignore()
         if run.start is execution.Start.UNKNOWN:
             # Awards are committed before their message is sent, so this message is not ours: a
             # leftover on a reused broker, or a worker whose store is not the caller's.
-            logger.error("execution of %s (attempt %s) dropped: no such task in this node's "
-                         "store (%s); check bidding_database_url", request.id, attempt,
-                         masked_url(settings.database_url))
+            logger.error(
+                "execution of %s (attempt %s) dropped: no such task in this node's "
+                "store (%s); check bidding_database_url",
+                request.id,
+                attempt,
+                masked_url(settings.database_url),
+            )
             raise Ignore()
         setattr(request, _RUNNING, run)
         # Flower's EXECUTING: Celery's own STARTED ranks below the auction's states there.
-        events.send(self.app, events.EXECUTING, request.id, hostname=request.hostname,
-                    name=self.name, node=run.node, attempt=run.attempt)
+        events.send(
+            self.app,
+            events.EXECUTING,
+            request.id,
+            hostname=request.hostname,
+            name=self.name,
+            node=run.node,
+            attempt=run.attempt,
+        )
         return run
 
     def _run_body(self, run: execution.Running, args: Any, kwargs: Any) -> Any:
@@ -206,13 +226,17 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             raise late
         return self.run(*args, **kwargs)
 
-    def _record_failure(self, settings: Settings, plugins: Sequence[Plugin],
-                        run: execution.Running, exc: Exception) -> NoReturn:
+    def _record_failure(
+        self, settings: Settings, plugins: Sequence[Plugin], run: execution.Running, exc: Exception
+    ) -> NoReturn:
         """The body raised: a retry (Celery's Retry: .get() keeps waiting for the next
         attempt), or the task's failure (the body's error, or the policy's)."""
-        verdict = outlasting(settings.database_url, f"task {run.task_id}: recording its failure",
-                             functools.partial(execution.fail, settings, run, exc))
-        history_changed(settings, self.app, run.node)
+        verdict = outlasting(
+            settings.database_url,
+            f"task {run.task_id}: recording its failure",
+            functools.partial(execution.fail, settings, run, exc),
+        )
+        history_changed(Context(settings, self.app), run.node)
         if verdict.retry_in is not None:
             raise Retry(exc=exc, when=verdict.retry_in) from exc
         self._ended(plugins, run.task_id)
@@ -220,14 +244,18 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             raise verdict.error from exc
         raise exc
 
-    def _record_result(self, settings: Settings, plugins: Sequence[Plugin],
-                       run: execution.Running, result: Any) -> Any:
+    def _record_result(
+        self, settings: Settings, plugins: Sequence[Plugin], run: execution.Running, result: Any
+    ) -> Any:
         """The body returned: SUCCESS, or the task's failure when its budget or output
         schema says so."""
-        verdict = outlasting(settings.database_url, f"task {run.task_id}: recording its result",
-                             lambda: execution.complete(settings, run, result))
+        verdict = outlasting(
+            settings.database_url,
+            f"task {run.task_id}: recording its result",
+            lambda: execution.complete(settings, run, result),
+        )
         # Before Celery stores the result: the caller may announce again as soon as it has it.
-        history_changed(settings, self.app, run.node)
+        history_changed(Context(settings, self.app), run.node)
         self._ended(plugins, run.task_id)
         if verdict.error is not None:
             raise verdict.error
@@ -239,16 +267,18 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         for plugin in plugins:
             plugin.after_end(task_id, self)
 
-    def on_failure(self, exc: BaseException, task_id: str, args: Any, kwargs: Any,
-                   einfo: Any) -> None:
+    def on_failure(
+        self, exc: BaseException, task_id: str, args: Any, kwargs: Any, einfo: Any
+    ) -> None:
         """Record a hard time limit (reported by Celery in the worker's main process)."""
         if isinstance(exc, TimeLimitExceeded):
             settings = get_settings(self.app)
             # The request context here is not the task's: the store says which node failed.
             node = execution.hard_timeout(
-                settings, task_id, f"TimeLimitExceeded: hard time limit ({exc}) exceeded")
+                settings, task_id, f"TimeLimitExceeded: hard time limit ({exc}) exceeded"
+            )
             if node is not None:
-                history_changed(settings, self.app, node)
+                history_changed(Context(settings, self.app), node)
 
     def progress(self, current: float, total: float, note: str = "") -> None:
         """Report progress from the body (AITP 5.3): a PROGRESS_UPDATE message, the task's
@@ -287,12 +317,19 @@ def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
     if deadline is None or now < deadline:
         return None
     return DeadlinePassedError(
-        f"deadline passed {now - deadline:.3f}s before the task could start on {run.node}")
+        f"deadline passed {now - deadline:.3f}s before the task could start on {run.node}"
+    )
 
 
 @task_revoked.connect  # type: ignore[untyped-decorator]  # Celery is untyped
-def _revoked_on_a_node(sender: Any = None, request: Any = None, terminated: bool = False,
-                       signum: Any = None, expired: bool = False, **_: Any) -> None:
+def _revoked_on_a_node(
+    sender: Any = None,
+    request: Any = None,
+    terminated: bool = False,
+    signum: Any = None,
+    expired: bool = False,
+    **_: Any,
+) -> None:
     """``AsyncResult.revoke()``, ``celery control revoke`` or Flower's button reached the node
     that won a bidding task: Celery dropped its message (or terminated its process) and stored
     REVOKED for the caller; the store records it too, so the task ends FAILED, not ASSIGNED
@@ -302,19 +339,26 @@ def _revoked_on_a_node(sender: Any = None, request: Any = None, terminated: bool
     attempt, node = _header(request, ATTEMPT_HEADER), _header(request, NODE_HEADER)
     if attempt is None or node is None:
         return
-    why = "expired" if expired else (f"terminated (signal {signum})" if terminated else
-                                     "dropped before it started")
+    why = (
+        "expired"
+        if expired
+        else (f"terminated (signal {signum})" if terminated else "dropped before it started")
+    )
     settings = get_settings(sender.app)
     try:
         if execution.revoked(settings, request.id, int(attempt), str(node), f"revoked: {why}"):
-            history_changed(settings, sender.app, str(node))
+            history_changed(Context(settings, sender.app), str(node))
     except Exception:  # never break the worker's revoke handling; the watchdogs remain
         logger.exception("recording the revoke of %s failed", request.id)
 
 
 @task_internal_error.connect  # type: ignore[untyped-decorator]  # Celery is untyped
-def _outcome_not_written(sender: Any = None, task_id: str | None = None,
-                         exception: BaseException | None = None, **_: Any) -> None:
+def _outcome_not_written(
+    sender: Any = None,
+    task_id: str | None = None,
+    exception: BaseException | None = None,
+    **_: Any,
+) -> None:
     """Celery failed outside a bidding task's body, typically writing its result while the
     broker (the result backend too) restarts, after its retries: the store holds the outcome,
     and a sweeper writes it to the backend once it can, so the caller gets the real result."""
@@ -322,15 +366,20 @@ def _outcome_not_written(sender: Any = None, task_id: str | None = None,
         return
     try:
         if report_if_final(get_settings(sender.app), task_id):
-            logger.warning("task %s: its outcome did not reach the result backend (%r); a "
-                           "sweeper writes it from the store", task_id, exception)
+            logger.warning(
+                "task %s: its outcome did not reach the result backend (%r); a "
+                "sweeper writes it from the store",
+                task_id,
+                exception,
+            )
     except Exception:  # the store is down too: the watchdogs and the next incarnation remain
         logger.exception("recording that %s's outcome was not written failed", task_id)
 
 
 @task_unknown.connect  # type: ignore[untyped-decorator]  # Celery is untyped
-def _not_registered_on_a_node(sender: Any = None, message: Any = None, name: str = "",
-                              id: str = "", **_: Any) -> None:
+def _not_registered_on_a_node(
+    sender: Any = None, message: Any = None, name: str = "", id: str = "", **_: Any
+) -> None:
     """A node's worker received the execution of a task its app does not register: Celery
     drops the message and stores ``NotRegistered`` for the caller; the store ends the task
     FAILED with the reason (instead of keeping it ASSIGNED and sending it again for ever) and
@@ -340,15 +389,17 @@ def _not_registered_on_a_node(sender: Any = None, message: Any = None, name: str
     if attempt is None or node is None or not id:
         return  # not a bidding execution
     app = getattr(sender, "app", None) or current_app
-    reason = (f"node {node} cannot run {name}: no task of that name is registered in its "
-              f"workers' app ({app.main}); register it there, or keep it off that node")
+    reason = (
+        f"node {node} cannot run {name}: no task of that name is registered in its "
+        f"workers' app ({app.main}); register it there, or keep it off that node"
+    )
     settings = get_settings(app)
     error = NotRegistered(name)  # what Celery stored: the caller sees one error, not two
     try:
         announcement = execution.unrunnable(settings, id, int(attempt), str(node), reason, error)
         if announcement is not None:
             logger.error("task %s: %s", id, reason)
-            fail_caller(app, settings, announcement, error)
-            history_changed(settings, app, str(node))
+            fail_caller(Context(settings, app), announcement, error)
+            history_changed(Context(settings, app), str(node))
     except Exception:  # never break the worker's consumer; the watchdogs remain
         logger.exception("recording that %s cannot run on %s failed", id, node)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 
-from celery import Celery
 from celery.result import AsyncResult
 from sqlalchemy import bindparam, select
 
@@ -22,6 +21,7 @@ from bidding.auction.plan import Circumstances, Route, plan_auction
 from bidding.auction.routes import Auction, run_plan
 from bidding.auction.row_writes import CALLER_PATIENCE, new_row, write_new
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import NoBidsError
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, parking, states
@@ -41,8 +41,7 @@ _NOT_OPENED = frozenset({Route.WAIT, Route.DEFER})
 
 
 def announce(
-    app: Celery,
-    settings: Settings,
+    ctx: Context,
     announcement: Announcement,
     *,
     delay: float = 0.0,
@@ -52,12 +51,12 @@ def announce(
     return
     the AsyncResult of its execution. ``fresh_id``: the task id was generated for this call
     (not given by the caller), so no other auction can have it."""
-    if settings.auto_migrate:
-        ensure_schema(settings.database_url)
+    if ctx.settings.auto_migrate:
+        ensure_schema(ctx.settings.database_url)
     if delay > 0:
 
         def schedule() -> bool:
-            with write_session(settings.database_url) as session:
+            with write_session(ctx.settings.database_url) as session:
                 session.add(
                     new_row(
                         announcement, states.PENDING, [], due_at=announcement.announced_at + delay
@@ -75,16 +74,15 @@ def announce(
             return True
 
         write_new(
-            settings, announcement, f"scheduling {announcement.task_id}", schedule, written=True
+            ctx.settings, announcement, f"scheduling {announcement.task_id}", schedule, written=True
         )
     else:
-        open_auction(app, settings, announcement, new=True, fresh_id=fresh_id)
-    return AsyncResult(announcement.task_id, app=app)
+        open_auction(ctx, announcement, new=True, fresh_id=fresh_id)
+    return AsyncResult(announcement.task_id, app=ctx.app)
 
 
 def open_auction(
-    app: Celery,
-    settings: Settings,
+    ctx: Context,
     announcement: Announcement,
     *,
     new: bool,
@@ -98,13 +96,13 @@ def open_auction(
     # is simply taken again by the next sweep.
     live, candidates, waiting = (
         outlasting(
-            settings.database_url,
+            ctx.settings.database_url,
             f"finding the candidates of {announcement.task_id}",
-            lambda: _look(settings, announcement, in_time),
+            lambda: _look(ctx.settings, announcement, in_time),
             patience=CALLER_PATIENCE,
         )
         if new
-        else _look(settings, announcement, in_time)
+        else _look(ctx.settings, announcement, in_time)
     )
     plan = plan_auction(
         announcement,
@@ -114,24 +112,24 @@ def open_auction(
         Circumstances(
             new=new,
             fresh_id=fresh_id,
-            bid_mode=announcement.bid_mode or settings.bid_mode,
-            decides_at_once=decides_at_once(strategy_of(settings, announcement)),
-            journal=settings.award_journal,
-            board_keeps_answers=get_board(settings, app).writes_on_award,
-            request_limit=settings.bid_request_limit,
+            bid_mode=announcement.bid_mode or ctx.settings.bid_mode,
+            decides_at_once=decides_at_once(strategy_of(ctx.settings, announcement)),
+            journal=ctx.settings.award_journal,
+            board_keeps_answers=get_board(ctx).writes_on_award,
+            request_limit=ctx.settings.bid_request_limit,
             in_time=in_time,
         ),
     )
-    auction = Auction(app, settings, announcement, new, live)
+    auction = Auction(ctx.app, ctx.settings, announcement, new, live)
     if plan.route in _NOT_OPENED:
         return run_plan(auction, plan)
     # Flower's ANNOUNCED, before anything can answer or award (its events must reach Flower
     # in the auction's order); if an exception then ends the call, Flower hears it failed.
-    events.announced(app, announcement, len(plan.candidates))
+    events.announced(ctx.app, announcement, len(plan.candidates))
     try:
         return run_plan(auction, plan)
     except Exception as exc:
-        events.failed(app, announcement, exc)
+        events.failed(ctx.app, announcement, exc)
         raise
 
 
@@ -177,7 +175,7 @@ _DUE = (
 
 
 def announce_due(
-    settings: Settings, app: Celery, now: float | None = None, limit: int = 100
+    ctx: Context, now: float | None = None, limit: int = 100
 ) -> int:
     """Announce every task whose scheduled start, retry backoff or deferral has come.
 
@@ -185,7 +183,7 @@ def announce_due(
     stop the others; it stays the first due, so it is counted, and parked if it keeps
     failing (``lifecycle.parking``)."""
     now = clock.now() if now is None else now
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         due = session.execute(_DUE, {"now": now, "limit": limit}).all()
     opened = 0
     tally = parking.Tally("announcer")
@@ -196,8 +194,8 @@ def announce_due(
                 update={"announced_at": now}
             )
             if announcement.deadline is not None and now > announcement.deadline:
-                _expire(settings, app, announcement)
-            elif open_auction(app, settings, announcement, new=False):
+                _expire(ctx, announcement)
+            elif open_auction(ctx, announcement, new=False):
                 opened += 1
         except Exception as exc:
             tally.failure(seen, exc)
@@ -205,14 +203,14 @@ def announce_due(
                 break  # the store or the broker is down: the next tasks would wait on it too
         else:
             tally.success(seen)
-    tally.save(settings.database_url)
+    tally.save(ctx.settings.database_url)
     return opened
 
 
-def _expire(settings: Settings, app: Celery, announcement: Announcement) -> None:
+def _expire(ctx: Context, announcement: Announcement) -> None:
     """A waiting task whose deadline passed is never started: FAILED."""
     reason = "deadline passed before the task could start"
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         moved = transition(
             session,
             announcement.task_id,
@@ -224,4 +222,4 @@ def _expire(settings: Settings, app: Celery, announcement: Announcement) -> None
             due_at=None,
         )
     if moved:
-        fail_caller(app, settings, announcement, NoBidsError(reason))
+        fail_caller(ctx, announcement, NoBidsError(reason))

@@ -14,7 +14,6 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from celery import Celery
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
@@ -39,6 +38,7 @@ from bidding.auction.decision import (
 from bidding.auction.history import in_flight_counts
 from bidding.auction.reserve import AGAIN, Again, reserve
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError, NoBidsError
 from bidding.execution.dispatch import mark_undelivered, send_execution
 from bidding.execution.report import fail_caller
@@ -200,7 +200,7 @@ def decide_award(settings: Settings, announcement: Announcement, strategy: Selec
     return award
 
 
-def route_award(app: Celery, settings: Settings, announcement: Announcement, award: Award) -> None:
+def route_award(ctx: Context, announcement: Announcement, award: Award) -> None:
     """Act on a committed award: send the execution to the winner, or fail the caller's
     result with the reason there is none.
 
@@ -210,15 +210,15 @@ def route_award(app: Celery, settings: Settings, announcement: Announcement, awa
     """
     if award.winner is not None:
         # Before the execution, so that Flower has it before the winner's own events.
-        events.awarded(app, announcement, award.winner, exec_queue(award.winner),
+        events.awarded(ctx.app, announcement, award.winner, exec_queue(award.winner),
                        outcome=award.outcome)
         try:
-            send_execution(app, announcement, award.winner, settings)
+            send_execution(ctx.app, announcement, award.winner, ctx.settings)
         except Exception as exc:
-            mark_undelivered(settings, announcement, award.winner, exc)
+            mark_undelivered(ctx.settings, announcement, award.winner, exc)
             return
     else:
-        fail_caller(app, settings, announcement, NoBidsError(award.error or NO_VALID_BIDS))
+        fail_caller(ctx, announcement, NoBidsError(award.error or NO_VALID_BIDS))
     logger.info(
         "auction %s closed by %s: %s %s",
         announcement.task_id,

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from celery import Celery
 from sqlalchemy import bindparam, select
 
 from bidding import clock
 from bidding.auction.award import award_answers, route_award
 from bidding.auction.board import get_board
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle import events, journal, parking, states
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award, Refusal
@@ -26,7 +26,7 @@ from bidding.store.schema import AnnouncementRow
 logger = logging.getLogger(__name__)
 
 
-def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
+def close_auction(ctx: Context, task_id: str, attempt: int,
                   closed_by: str, *, announcement: Announcement | None = None,
                   candidates: int | None = None) -> Award | None:
     """Award ``task_id``'s auction if it is still open; None when someone else already did.
@@ -35,7 +35,7 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     saves reading it back; the sweepers pass only the id.
     """
     if announcement is None or candidates is None:
-        with read_session(settings.database_url) as session:
+        with read_session(ctx.settings.database_url) as session:
             row = session.execute(
                 select(
                     AnnouncementRow.state,
@@ -48,7 +48,7 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
             return None
         announcement = Announcement.model_validate(row.spec)
         candidates = len(row.candidates)
-    board = get_board(settings, app)
+    board = get_board(ctx)
     # Kept past the window, so that an awarder that dies before committing leaves the answers
     # for the sweeper that closes the auction at its deadline.
     answers = board.close(
@@ -60,7 +60,7 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
     if (
         silent
         and candidates
-        and announcement.silent_rounds < settings.silent_rounds
+        and announcement.silent_rounds < ctx.settings.silent_rounds
         and (
             announcement.deadline is None
             or announcement.deadline > clock.now() + announcement.window
@@ -69,11 +69,11 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         # Not one candidate answered, or could bid: a node killed before its heartbeat
         # expired, workers reconnecting to a restarted broker, a store restarting; no
         # verdict on the task. Announce it again.
-        if announce_again(settings, announcement, candidates):
-            events.deferred(app, announcement, "no candidate answered: announced again")
+        if announce_again(ctx.settings, announcement, candidates):
+            events.deferred(ctx.app, announcement, "no candidate answered: announced again")
         return None
     award = award_answers(
-        settings,
+        ctx.settings,
         announcement,
         answers,
         closed_by=closed_by,
@@ -81,7 +81,7 @@ def close_auction(settings: Settings, app: Celery, task_id: str, attempt: int,
         write=board.writes_on_award,
     )
     if award is not None:
-        route_award(app, settings, announcement, award)
+        route_award(ctx, announcement, award)
     return award
 
 
@@ -141,25 +141,25 @@ _EXPIRED = (
 
 
 def close_expired(
-    settings: Settings, app: Celery, now: float | None = None, limit: int = 100
+    ctx: Context, now: float | None = None, limit: int = 100
 ) -> int:
     """Close every open auction past its window (the deadline closer); returns how many.
 
     An auction it fails to close stays the oldest past its window: it is counted, and parked
     if it keeps failing (``lifecycle.parking``), so that it cannot hold up the others."""
     now = clock.now() if now is None else now
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         due = session.execute(_EXPIRED, {"now": now, "limit": limit}).all()
     closed = 0
     tally = parking.Tally("deadline closer")
     for task_id, attempt, failures in due:
         seen = parking.Seen(task_id, states.BIDDING, attempt, failures)
         try:
-            if close_auction(settings, app, task_id, attempt, closed_by="deadline") is not None:
+            if close_auction(ctx, task_id, attempt, closed_by="deadline") is not None:
                 closed += 1
         except Exception as exc:  # the next sweep tries again; the others still close now
             tally.failure(seen, exc)
         else:
             tally.success(seen)
-    tally.save(settings.database_url)
+    tally.save(ctx.settings.database_url)
     return closed

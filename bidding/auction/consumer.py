@@ -27,6 +27,7 @@ from bidding.auction.close import close_auction
 from bidding.auction.history import place_bid
 from bidding.auction.request_view import bidder_view
 from bidding.config import Settings, get_settings
+from bidding.context import Context
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.bounded import BoundedPool
 from bidding.nodes.profile import NodeProfile, current_profile, profile_source
@@ -35,7 +36,7 @@ from bidding.store import write_session
 logger = logging.getLogger(__name__)
 
 
-def request_bids(settings: Settings, app: Celery, announcement: Announcement,
+def request_bids(ctx: Context, announcement: Announcement,
                  candidates: Sequence[str], *, expected: int | None = None,
                  view: tuple[Announcement, bool] | None = None) -> None:
     """Ask every candidate to bid: one request each, sent in one batch.
@@ -50,7 +51,7 @@ def request_bids(settings: Settings, app: Celery, announcement: Announcement,
     expires_at = announcement.announced_at + announcement.window
     expected = len(candidates) if expected is None else expected
     shown, full = (
-        view if view is not None else bidder_view(announcement, settings.bid_request_limit)
+        view if view is not None else bidder_view(announcement, ctx.settings.bid_request_limit)
     )
     requests = [
         BidRequest(
@@ -62,12 +63,11 @@ def request_bids(settings: Settings, app: Celery, announcement: Announcement,
         )
         for node in candidates
     ]
-    get_board(settings, app).send_requests(app, requests, ttl=announcement.window + 1.0)
+    get_board(ctx).send_requests(ctx.app, requests, ttl=announcement.window + 1.0)
 
 
 def answer(
-    settings: Settings,
-    app: Celery,
+    ctx: Context,
     profile: NodeProfile | None,
     request: BidRequest,
     defer: Callable[..., Any] | None = None,
@@ -99,17 +99,17 @@ def answer(
                 attempt=announcement.attempt,
                 reason=f"profile mismatch: worker runs node {profile.name!r}",
             )
-        elif announcement.task_name and announcement.task_name not in app.tasks:
+        elif announcement.task_name and announcement.task_name not in ctx.app.tasks:
             # Its pool would drop the message (NotRegistered): never win work it cannot run.
             response = Refusal(
                 task_id=announcement.task_id,
                 node=node,
                 attempt=announcement.attempt,
                 reason=f"task {announcement.task_name} is not registered on this node "
-                f"(its workers run -A {app.main})",
+                f"(its workers run -A {ctx.app.main})",
             )
         else:
-            response = place_bid(settings, announcement, profile, request.history_version)
+            response = place_bid(ctx.settings, announcement, profile, request.history_version)
     except Exception as exc:  # a bid never raises: the auction must still close
         logger.exception("bid of %s on %s failed", node, announcement.task_id)
         response = Refusal(
@@ -122,7 +122,7 @@ def answer(
 
     def post(given: Bid | Refusal) -> None:
         try:
-            record_answer(settings, app, announcement, given, expected, defer, full=full)
+            record_answer(ctx, announcement, given, expected, defer, full=full)
         except Exception:
             # The sweeper still closes the auction at its deadline with the bids recorded.
             logger.exception("could not record the bid of %s on %s", node, announcement.task_id)
@@ -158,8 +158,7 @@ def _open(request: BidRequest) -> bool:
 
 
 def refuse(
-    settings: Settings,
-    app: Celery,
+    ctx: Context,
     request: BidRequest,
     reason: str,
     defer: Callable[..., Any] | None = None,
@@ -178,7 +177,7 @@ def refuse(
     )
     try:
         record_answer(
-            settings, app, announcement, refusal, request.expected, defer, full=not request.partial
+            ctx, announcement, refusal, request.expected, defer, full=not request.partial
         )
     except Exception:  # the sweeper still closes the auction at its deadline
         logger.exception("could not record the refusal of %s on %s", node, announcement.task_id)
@@ -186,8 +185,7 @@ def refuse(
 
 
 def record_answer(
-    settings: Settings,
-    app: Celery,
+    ctx: Context,
     announcement: Announcement,
     response: Bid | Refusal,
     expected: int,
@@ -198,13 +196,13 @@ def record_answer(
     """Post the answer on the bid board; the answer that completes the auction closes it
     (``full``: ``announcement`` is the whole announcement, else the closer reads it from the
     store)."""
-    board = get_board(settings, app)
+    board = get_board(ctx)
     posted = board.post(response, expected=expected, window=announcement.window)
     if posted.late:
         logger.info("%s answered %s after its auction closed", response.node, announcement.task_id)
         if board.writes_on_award:
             try:
-                with write_session(settings.database_url) as session:
+                with write_session(ctx.settings.database_url) as session:
                     write_answer(session, response, late=True)
             except Exception:  # an unknown announcement: nothing to attach the answer to
                 logger.warning(
@@ -214,7 +212,7 @@ def record_answer(
                 )
         return
     if posted.complete:
-        (defer or _now)(_close, settings, app, announcement, expected, full)
+        (defer or _now)(_close, ctx.settings, ctx.app, announcement, expected, full)
 
 
 def _now(fn: Callable[..., Any], *args: Any) -> Any:
@@ -222,14 +220,13 @@ def _now(fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def _close(
-    settings: Settings, app: Celery, announcement: Announcement, expected: int, full: bool = True
+    ctx: Context, announcement: Announcement, expected: int, full: bool = True
 ) -> None:
     try:
         # A partial announcement (the bidder's view) is not what the award sends: the closer
         # reads the task's own from the store.
         close_auction(
-            settings,
-            app,
+            ctx,
             announcement.task_id,
             announcement.attempt,
             closed_by="all bids in",
@@ -275,13 +272,17 @@ class BidThreads:
         if not self._overloaded:
             self._overloaded = True
             logger.warning("%s; bid requests are refused at once until it catches up", reason)
-        refuse(self.settings, self.app, request, reason, defer=self.defer)
+        refuse(Context(self.settings, self.app), request, reason, defer=self.defer)
         return False
 
     def answer_here(self, request: BidRequest) -> None:
         """Answer ``request`` on this thread; an award it leads to runs on a bid thread."""
         answer(
-            self.settings, self.app, self.profile, request, defer=self.defer, bidder=self.bidder
+            Context(self.settings, self.app),
+            self.profile,
+            request,
+            defer=self.defer,
+            bidder=self.bidder,
         )
 
     def defer(self, fn: Callable[..., Any], *args: Any) -> None:
@@ -322,7 +323,7 @@ class BidConsumerStep(bootsteps.ConsumerStep):  # type: ignore[misc]  # Celery i
         if self.intake is None:
             # A listener thread answers on itself; Celery's event loop hands requests to the
             # bid threads. Awards go to the pool either way.
-            self.intake = get_board(self.settings, self.app).consume_requests(
+            self.intake = get_board(Context(self.settings, self.app)).consume_requests(
                 self.profile.name, answer_here=self.answer_here, hand_over=self.submit
             )
         return self.intake.start(channel)

@@ -17,7 +17,6 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import cast
 
-from celery import Celery
 from sqlalchemy import Select, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
@@ -25,6 +24,7 @@ from bidding import clock
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import get_board
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle import states
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
@@ -283,20 +283,20 @@ def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfi
     return compute_bid(announcement, profile, history, now)
 
 
-def history_versions(settings: Settings, app: Celery, nodes: Sequence[str]
+def history_versions(ctx: Context, nodes: Sequence[str]
                      ) -> dict[str, int | None]:
     """The nodes' history versions, in one round trip to the bid board's Redis (None for
     each when the board is the store)."""
-    shared = get_board(settings, app).redis
+    shared = get_board(ctx).redis
     return history_version.read(shared.client if shared is not None else None, nodes)
 
 
-def history_changed(settings: Settings, app: Celery, node: str) -> None:
+def history_changed(ctx: Context, node: str) -> None:
     """``node`` finished an attempt: its next bid must read its record afresh. Called before
     Celery stores the result, so a caller that waits on it and announces again is not bid on
     with the record from before. Never raises (a cached history also expires by age)."""
     try:
-        shared = get_board(settings, app).redis
+        shared = get_board(ctx).redis
         history_version.bump(shared.client if shared is not None else None, node)
     except Exception:
         logger.warning("could not mark the history of %s changed", node, exc_info=True)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from celery import Celery
 from sqlalchemy.orm import Session
 
 from bidding import clock
@@ -47,6 +46,7 @@ from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
 from bidding.auction.history import cached_histories, history_versions, read_histories
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
@@ -112,8 +112,7 @@ def answers_inside(
 
 
 def post_proxy_answers(
-    settings: Settings,
-    app: Celery,
+    ctx: Context,
     announcement: Announcement,
     nodes: Sequence[LiveNode],
     expected: int,
@@ -122,15 +121,14 @@ def post_proxy_answers(
     (``proxy_answers``, from histories cached while the nodes' versions hold), in a mixed
     auction that waits for ``expected`` answers in all; posted before the other candidates
     are asked, so that an asked node's answer is the one that completes the auction."""
-    board = get_board(settings, app)
-    versions = history_versions(settings, app, [n.name for n in nodes])
-    answers = proxy_answers(settings, announcement, nodes, versions=versions)
+    board = get_board(ctx)
+    versions = history_versions(ctx, [n.name for n in nodes])
+    answers = proxy_answers(ctx.settings, announcement, nodes, versions=versions)
     return board.post_many(answers, expected=expected, window=announcement.window)
 
 
 def award_by_proxy(
-    settings: Settings,
-    app: Celery,
+    ctx: Context,
     announcement: Announcement,
     candidates: Sequence[LiveNode],
     opening: Callable[[Session], object] | None = None,
@@ -143,11 +141,11 @@ def award_by_proxy(
     candidates' state, under its lock); a strategy that decides outside it (an LLM judge) gets
     them first, from histories cached while the nodes' versions on the bid board hold.
     """
-    if decides_at_once(strategy_of(settings, announcement)):
+    if decides_at_once(strategy_of(ctx.settings, announcement)):
         return award_made_inside(
-            settings,
+            ctx.settings,
             announcement,
-            answers_inside(settings, announcement, candidates),
+            answers_inside(ctx.settings, announcement, candidates),
             candidates=len(candidates),
             opening=opening,
         )
@@ -156,10 +154,10 @@ def award_by_proxy(
             f"strategy {announcement.strategy} decides outside the award's transaction: "
             "its announcement must be stored first"
         )
-    versions = history_versions(settings, app, [n.name for n in candidates])
-    answers = proxy_answers(settings, announcement, candidates, versions=versions)
+    versions = history_versions(ctx, [n.name for n in candidates])
+    answers = proxy_answers(ctx.settings, announcement, candidates, versions=versions)
     return award_answers(
-        settings,
+        ctx.settings,
         announcement,
         answers,
         closed_by=PROXY_CLOSE,

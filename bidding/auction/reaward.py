@@ -8,12 +8,11 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from celery import Celery
 from sqlalchemy import (
     select,
 )
 
-from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import NodeLostError
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution
 from bidding.execution.episodes import record_episode
@@ -43,7 +42,7 @@ class LostWinner:
     due_by: float | None = None
 
 
-def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[str],
+def replace_winner(ctx: Context, lost: LostWinner, live: set[str],
                    now: float) -> bool:
     """Apply the task's on_agent_offline fallback to a ``lost`` winner (``live``: the nodes
     alive now).
@@ -66,7 +65,7 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
     moved_to: str | None = None
     nxt = announcement
     held = Expect(states=(state,), attempt=attempt, node=node, due_by=due_by)
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         if policy == "next_best":
             moved_to = _next_best(session, announcement.task_id, attempt, set(exclude), live)
         if moved_to is not None:
@@ -86,7 +85,7 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
                 spec=nxt.model_dump(mode="json"),
                 awarded_at=now,
                 started_at=None,
-                due_at=delivery_due(settings, nxt, now),
+                due_at=delivery_due(ctx.settings, nxt, now),
             )
             if ok:
                 _lost_episode(session, announcement, attempt, node, reason, now)
@@ -133,14 +132,14 @@ def replace_winner(settings: Settings, app: Celery, lost: LostWinner, live: set[
         if ok and moved_to is None:
             _lost_episode(session, announcement, attempt, node, reason, now)
     if ok and moved_to is not None:
-        events.reawarded(app, nxt, node, moved_to, exec_queue(moved_to), reason)
+        events.reawarded(ctx.app, nxt, node, moved_to, exec_queue(moved_to), reason)
         try:
-            send_execution(app, nxt, moved_to, settings)
+            send_execution(ctx.app, nxt, moved_to, ctx.settings)
         except Exception as exc:
-            mark_undelivered(settings, nxt, moved_to, exc)
+            mark_undelivered(ctx.settings, nxt, moved_to, exc)
     elif ok and policy == "fail":
         # After the commit: errbacks may run here, and must not hold the write lock.
-        fail_caller(app, settings, announcement, NodeLostError(reason))
+        fail_caller(ctx, announcement, NodeLostError(reason))
     return ok
 
 

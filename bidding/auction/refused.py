@@ -14,13 +14,13 @@ import logging
 from collections.abc import Sequence
 from enum import Enum
 
-from celery import Celery
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from bidding import clock
 from bidding.auction.opening import record_new
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import NotRecordedError
 from bidding.execution.report import REPORT_BACKOFF, exception_json, fail_caller
 from bidding.lifecycle import journal, states
@@ -64,7 +64,7 @@ class Failed(Enum):
     RECORDED = "recorded"
 
 
-def fail_unrecorded(settings: Settings, app: Celery, announcement: Announcement,
+def fail_unrecorded(ctx: Context, announcement: Announcement,
                     candidates: Sequence[str], reason: str) -> Failed:
     """End ``announcement``'s task FAILED with ``reason`` in the store and fail its caller's result.
 
@@ -76,7 +76,7 @@ def fail_unrecorded(settings: Settings, app: Celery, announcement: Announcement,
     error = NotRecordedError(f"task {announcement.task_id} was not recorded: {reason}")
     for row in (announcement, _bare(announcement)):
         try:
-            if not _write_failed(settings, row, list(candidates), error):
+            if not _write_failed(ctx.settings, row, list(candidates), error):
                 return Failed.RECORDED
             break
         except Exception as exc:
@@ -89,7 +89,7 @@ def fail_unrecorded(settings: Settings, app: Celery, announcement: Announcement,
                      "told (%s)", announcement.task_id, reason)
     logger.error("task %s failed: %s", announcement.task_id, reason)
     try:
-        fail_caller(app, settings, announcement, error)
+        fail_caller(ctx, announcement, error)
     except Exception as exc:  # its row's report_due still reaches the caller
         logger.warning("task %s: failing its caller's result failed (%s)", announcement.task_id,
                        reason_of(exc))

@@ -33,6 +33,7 @@ from bidding.auction.row_writes import (
 )
 from bidding.auction.writebehind import AppendUnknown, award_behind, settle
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle import events, journal, states
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement, Award
@@ -102,7 +103,7 @@ def _journal(auction: Auction, plan: AuctionPlan) -> bool:
     announcement = auction.announcement
     candidates = auction.nodes(plan.candidates)
     try:
-        award = award_behind(auction.settings, auction.app, announcement, candidates)
+        award = award_behind(Context(auction.settings, auction.app), announcement, candidates)
     except AppendUnknown as exc:
         logger.warning("%s; the store decides", exc)
         return _award_unsure(auction, candidates)
@@ -116,11 +117,11 @@ def _journal(auction: Auction, plan: AuctionPlan) -> bool:
     if award.winner is None:
         # Failing the caller also writes the error to the task's row: write it now (rare).
         try:
-            settle(auction.settings, auction.app, announcement.task_id)
+            settle(Context(auction.settings, auction.app), announcement.task_id)
         except Exception as exc:  # a writer writes the row; the caller still gets its error
             logger.warning("task %s: writing its journaled award failed (%s)",
                            announcement.task_id, exc)
-    route_award(auction.app, auction.settings, announcement, award)
+    route_award(Context(auction.settings, auction.app), announcement, award)
     return True
 
 
@@ -149,14 +150,14 @@ def _award_unsure(auction: Auction, candidates: Sequence[LiveNode]) -> bool:
 
     def award() -> Award | None:
         try:
-            return award_by_proxy(settings, auction.app, announcement, candidates, opening)
+            return award_by_proxy(Context(settings, auction.app), announcement, candidates, opening)
         except _WrittenBehind:
             return stored_award(settings, announcement.task_id)
 
     decided = outlasting(settings.database_url, f"announcing {announcement.task_id}", award,
                          patience=CALLER_PATIENCE)
     if decided is not None:
-        route_award(auction.app, settings, announcement, decided)
+        route_award(Context(settings, auction.app), announcement, decided)
     return True
 
 
@@ -171,7 +172,7 @@ def _proxy(auction: Auction, plan: AuctionPlan) -> bool:
         record_new(session, announcement, list(plan.candidates))
 
     def award() -> Award | None:
-        return award_by_proxy(auction.settings, auction.app, announcement,
+        return award_by_proxy(Context(auction.settings, auction.app), announcement,
                               auction.nodes(plan.candidates),
                               opening if plan.row is RowStep.WITH_AWARD else None)
 
@@ -193,7 +194,7 @@ def _proxy(auction: Auction, plan: AuctionPlan) -> bool:
         assert plan.fallback is not None
         return _ask(auction, plan.fallback)
     if award_made is not None:
-        route_award(auction.app, auction.settings, announcement, award_made)
+        route_award(Context(auction.settings, auction.app), announcement, award_made)
     return True
 
 
@@ -221,13 +222,13 @@ def _send_requests(auction: Auction, plan: AuctionPlan) -> None:
     announcement, settings, app = auction.announcement, auction.settings, auction.app
     expected = len(plan.proxied) + len(plan.asked)
     if plan.proxied:
-        posted = post_proxy_answers(settings, app, announcement,
+        posted = post_proxy_answers(Context(settings, app), announcement,
                                     auction.nodes(plan.proxied), expected)
         if posted.complete:  # not before the asked ones answer; never left open regardless
-            close_auction(settings, app, announcement.task_id, announcement.attempt,
+            close_auction(Context(settings, app), announcement.task_id, announcement.attempt,
                           closed_by="all bids in", announcement=announcement, candidates=expected)
             return
-    request_bids(settings, app, announcement, plan.asked, expected=expected)
+    request_bids(Context(settings, app), announcement, plan.asked, expected=expected)
 
 
 def _requests_unsent(auction: Auction, exc: Exception) -> None:
@@ -252,8 +253,12 @@ def _none(auction: Auction, plan: AuctionPlan) -> bool:
     if not _open_row(auction, plan):
         return False
     announcement = auction.announcement
-    close_auction(auction.settings, auction.app, announcement.task_id, announcement.attempt,
-                  closed_by="no candidates")
+    close_auction(
+        Context(auction.settings, auction.app),
+        announcement.task_id,
+        announcement.attempt,
+        closed_by="no candidates",
+    )
     return True
 
 
@@ -261,27 +266,32 @@ def _wait(auction: Auction, plan: AuctionPlan) -> bool:
     """No live candidate, but capable nodes are coming back: announced again soon."""
     announcement, settings = auction.announcement, auction.settings
     waiting = list(plan.waiting)
-    if not auction.write(lambda session: await_nodes(
-            session, settings, announcement, waiting, new=auction.new), written=True):
+    if not auction.write(
+        lambda session: await_nodes(session, settings, announcement, waiting, new=auction.new),
+        written=True,
+    ):
         return False
-    events.deferred(auction.app, announcement,
-                    f"waiting for {', '.join(waiting)} (reconnecting)")
+    events.deferred(auction.app, announcement, f"waiting for {', '.join(waiting)} (reconnecting)")
     return True
 
 
 def _defer(auction: Auction, plan: AuctionPlan) -> bool:
     """No candidate: deferred as the task's fallbacks say, or escalated after too many."""
     announcement = auction.announcement
-    deferral = auction.write(lambda session: defer(session, announcement, new=auction.new),
-                             written=Deferral(moved=True))
+    deferral = auction.write(
+        lambda session: defer(session, announcement, new=auction.new), written=Deferral(moved=True)
+    )
     if not deferral.moved:
         return False
     if deferral.escalated is not None:
         # After the commit: errbacks may run here, and must not hold the write lock.
-        escalate(auction.app, auction.settings, announcement, deferral.escalated)
+        escalate(Context(auction.settings, auction.app), announcement, deferral.escalated)
     else:
-        events.deferred(auction.app, announcement, "no live node offers "
-                        + (", ".join(announcement.required_skills) or "any skill"))
+        events.deferred(
+            auction.app,
+            announcement,
+            "no live node offers " + (", ".join(announcement.required_skills) or "any skill"),
+        )
     return True
 
 

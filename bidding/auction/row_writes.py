@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from celery import Celery
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.auction.opening import row_values
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import EscalatedError
 from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, states
@@ -147,11 +147,11 @@ def _to_deferred(session: Session, announcement: Announcement, later: Announceme
                       **spec)
 
 
-def escalate(app: Celery, settings: Settings, announcement: Announcement, reason: str) -> None:
+def escalate(ctx: Context, announcement: Announcement, reason: str) -> None:
     """Fail the caller's result with :class:`EscalatedError` and notify (task_escalated)."""
     from bidding.signals import notify, task_escalated
 
-    events.escalated(app, announcement, reason)
-    fail_caller(app, settings, announcement, EscalatedError(reason))
-    notify(settings, task_escalated, "task_escalated", task_id=announcement.task_id,
+    events.escalated(ctx.app, announcement, reason)
+    fail_caller(ctx, announcement, EscalatedError(reason))
+    notify(ctx.settings, task_escalated, "task_escalated", task_id=announcement.task_id,
            reason=reason)

@@ -33,6 +33,7 @@ from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.watchdog import check_winners
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.execution.report import report_results
 from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
@@ -46,7 +47,7 @@ logger = logging.getLogger(__name__)
 SWEEPS_PER_INTERVAL = 4
 
 
-def sweep(settings: Settings, app: Celery) -> int:
+def sweep(ctx: Context) -> int:
     """One sweep: close expired auctions, announce due tasks, report outcomes, watch winners
     (the plug-ins' loops, e.g. task graphs', run on their own).
 
@@ -56,10 +57,10 @@ def sweep(settings: Settings, app: Celery) -> int:
     # stop the others, or retries, deferrals and watchdogs would stop with it.
     for phase in (close_expired, announce_due, report_results):
         try:
-            phase(settings, app)
+            phase(ctx)
         except Exception:
             logger.exception("sweep: %s failed", phase.__name__)
-    return check_winners(settings, app)[1]
+    return check_winners(ctx)[1]
 
 
 def sweep_interval(settings: Settings, alive: int) -> float:
@@ -83,7 +84,7 @@ class Sweeper:
         self.loops = [Periodic(f"bidding-sweeper-{name}", self.interval,
                                functools.partial(self.run, name), jitter=0.25)
                       for name in PHASES]
-        for plugin in plugins_of(app, settings):
+        for plugin in plugins_of(Context(settings, app)):
             self.loops += [Periodic(loop.name, loop.interval, loop.run, jitter=0.25)
                            for loop in plugin.loops(self.interval)]
         retention = RetentionJob(settings, f"{socket.gethostname()}:{os.getpid()}")
@@ -96,7 +97,7 @@ class Sweeper:
 
     def run(self, phase: str) -> None:
         """Run one phase once (looked up by name now, so a wrapper around it is honoured)."""
-        result = globals()[phase](self.settings, self.app)
+        result = globals()[phase](Context(self.settings, self.app))
         if phase == "check_winners":
             self.alive = result[1]
 

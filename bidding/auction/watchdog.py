@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from celery import Celery
 from sqlalchemy import (
     ColumnElement,
     CursorResult,
@@ -30,6 +29,7 @@ from bidding import clock
 from bidding.auction.history import history_changed
 from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.execution.dispatch import delivery_due, mark_undelivered, send_execution, start_by
 from bidding.lifecycle import journal, parking, states
 from bidding.lifecycle.transition import Expect, Log, transition
@@ -127,7 +127,7 @@ class _Seen:
     now: float
 
 
-def check_winners(settings: Settings, app: Celery, now: float | None = None,
+def check_winners(ctx: Context, now: float | None = None,
                   limit: int = 100) -> tuple[int, int]:
     """Re-place tasks whose winner is lost (its node dead, its worker restarted or dead) or
     late to start, and send again those whose message may not have reached their winner.
@@ -135,13 +135,13 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
     Returns how many were moved, and how many nodes are alive.
     """
     now = clock.now() if now is None else now
-    cutoff = dead_after(settings, now)
-    for ended in end_stale(settings, cutoff):
+    cutoff = dead_after(ctx.settings, now)
+    for ended in end_stale(ctx.settings, cutoff):
         try:
-            incarnation_ended(settings, ended, now)
+            incarnation_ended(ctx.settings, ended, now)
         except Exception:
             logger.exception("watchdog: handling the end of worker %s failed", ended.hostname)
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         alive = set(session.scalars(_ALIVE, {"cutoff": cutoff}))
         rows = session.execute(
             _LOST, {"alive": sorted(alive), "now": now, "limit": limit, "cutoff": cutoff}).all()
@@ -154,7 +154,7 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
             if hosts else {}
     if not rows:
         return 0, len(alive)
-    seen = _Seen(alive, {n.name for n in query_live_nodes(settings, now)}, delivery, boots,
+    seen = _Seen(alive, {n.name for n in query_live_nodes(ctx.settings, now)}, delivery, boots,
                  now)
     moved = 0
     tally = parking.Tally("watchdog")
@@ -164,16 +164,16 @@ def check_winners(settings: Settings, app: Celery, now: float | None = None,
         # (parked if it keeps failing) and logged once, not a traceback every pass.
         scanned = parking.Seen(row.task_id, row.state, row.attempt, row.scan_failures)
         try:
-            moved += _check_winner(settings, app, row, seen)
+            moved += _check_winner(ctx, row, seen)
         except Exception as exc:
             tally.failure(scanned, exc)
         else:
             tally.success(scanned)
-    tally.save(settings.database_url)
+    tally.save(ctx.settings.database_url)
     return moved, len(alive)
 
 
-def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int:
+def _check_winner(ctx: Context, row: Any, seen: _Seen) -> int:
     """Re-place or resend one task found lost, late or undelivered; 1 when it moved."""
     task_id, attempt, node, state, spec, awarded_at, worker, boot = row[:8]
     now = seen.now
@@ -181,7 +181,7 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
     dead = node not in seen.alive
     if not dead and state == states.ASSIGNED:
         last = seen.delivery.get(task_id)
-        limit = start_by(settings, announcement, now)
+        limit = start_by(ctx.settings, announcement, now)
         if last in _RESEND_AFTER or limit is None:
             # The node is not to blame: send it again. Without a start deadline the task was
             # due for a delivery check: its message may have been lost (the process that
@@ -189,15 +189,15 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
             why = _RESEND_AFTER.get(last or "") or (
                 f"not started {now - (awarded_at or now):.0f}s after its award; "
                 "sent again in case its message was lost")
-            return int(resend(settings, app, Winner(announcement, attempt, node), now, why,
+            return int(resend(ctx, Winner(announcement, attempt, node), now, why,
                               awarded_at or now))
-        clock = _start_clock(settings, node, now)
+        clock = _start_clock(ctx.settings, node, now)
         wait = limit - now  # the schedule-to-start timeout
         if clock is not None and clock + wait > now:
             # Every pool process of the winner ran another attempt until ``clock``: the task
             # waited in its queue through no fault of the node. Its time to start is measured
             # from when the node could have started it.
-            with write_session(settings.database_url) as session:
+            with write_session(ctx.settings.database_url) as session:
                 session.execute(_REARM, {"b_task": task_id, "b_attempt": attempt,
                                          "b_node": node, "b_now": now,
                                          "b_due": clock + wait})
@@ -212,9 +212,9 @@ def _check_winner(settings: Settings, app: Celery, row: Any, seen: _Seen) -> int
         reason = f"node {node} did not start the task in time"
     lost = LostWinner(announcement, attempt, node, state, reason,
                       due_by=now if state == states.ASSIGNED and not dead else None)
-    if not replace_winner(settings, app, lost, seen.live, now):
+    if not replace_winner(ctx, lost, seen.live, now):
         return 0
-    history_changed(settings, app, node)  # the lost attempt counts against it
+    history_changed(ctx, node)  # the lost attempt counts against it
     return 1
 
 
@@ -288,7 +288,7 @@ class Winner:
     node: str
 
 
-def resend(settings: Settings, app: Celery, winner: Winner, now: float,
+def resend(ctx: Context, winner: Winner, now: float,
            why: str = "its send failed", awarded_at: float | None = None) -> bool:
     """Send again to the same ``winner`` an execution that may not have reached it: its
     send failed (``award.mark_undelivered``), or it was not started by its delivery check.
@@ -303,28 +303,46 @@ def resend(settings: Settings, app: Celery, winner: Winner, now: float,
     (``execution.begin``)."""
     announcement, attempt, node = winner.announcement, winner.attempt, winner.node
     lease = now + RESEND_BACKOFF
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         taken = cast(CursorResult[Any], session.execute(_LEASE, {
             "b_task": announcement.task_id, "b_attempt": attempt, "b_node": node, "b_now": now,
             "b_lease": lease}))
         if taken.rowcount != 1:
             return False  # another sweeper has it, or it moved on
     try:
-        send_execution(app, announcement, node, settings)
+        send_execution(ctx.app, announcement, node, ctx.settings)
     except Exception as exc:
-        mark_undelivered(settings, announcement, node, exc, retry_in=RESEND_BACKOFF, lease=lease)
+        mark_undelivered(
+            ctx.settings, announcement, node, exc, retry_in=RESEND_BACKOFF, lease=lease
+        )
         return False
     sent = clock.now()
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         # Logged after the send (the node may have started it already); the schedule-to-start
         # clock starts now, unless the node took the task or another sweeper took the lease.
         waited = sent - (awarded_at if awarded_at is not None else sent)
-        released = cast(CursorResult[Any], session.execute(_RELEASE, {
-            "b_task": announcement.task_id, "b_attempt": attempt, "b_node": node, "b_lease": lease,
-            "b_due": delivery_due(settings, announcement, sent, waited)})).rowcount == 1
+        released = (
+            cast(
+                CursorResult[Any],
+                session.execute(
+                    _RELEASE,
+                    {
+                        "b_task": announcement.task_id,
+                        "b_attempt": attempt,
+                        "b_node": node,
+                        "b_lease": lease,
+                        "b_due": delivery_due(ctx.settings, announcement, sent, waited),
+                    },
+                ),
+            ).rowcount
+            == 1
+        )
         # Not if another sweeper took the task over meanwhile (this send outlasted the lease):
         # RESENT after its SEND_FAILED would make the task look delivered.
-        if released or session.scalar(_STATE, {"task_id": announcement.task_id}) != states.ASSIGNED:
+        if (
+            released
+            or session.scalar(_STATE, {"task_id": announcement.task_id}) != states.ASSIGNED
+        ):
             journal.record(
                 session,
                 announcement.task_id,

@@ -21,6 +21,7 @@ from sqlalchemy import CursorResult, bindparam, select, update
 
 from bidding import clock
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import BiddingError
 from bidding.execution.canvas import caller_request
 from bidding.lifecycle import events
@@ -64,7 +65,7 @@ _DONE = (update(AnnouncementRow)
          .values(report_due=bindparam("r_next")))
 
 
-def fail_caller(app: Celery, settings: Settings, announcement: Announcement,
+def fail_caller(ctx: Context, announcement: Announcement,
                 exc: BaseException) -> None:
     """Store ``exc`` as ``announcement``'s result, and run what its canvas says happens on failure
     (errbacks, the chain after it, its chord), as a worker would; for failures no worker sees
@@ -75,33 +76,45 @@ def fail_caller(app: Celery, settings: Settings, announcement: Announcement,
     """
     # Flower builds its task list from events: without one it would show the task's last
     # phase (or PENDING) for ever.
-    events.failed(app, announcement, exc)
+    events.failed(ctx.app, announcement, exc)
     try:
-        app.backend.mark_as_failure(announcement.task_id, exc, request=caller_request(announcement))
+        ctx.app.backend.mark_as_failure(
+            announcement.task_id, exc, request=caller_request(announcement)
+        )
     except Exception as error:
-        logger.warning("task %s: storing its failure for the caller failed (%s); a sweeper "
-                       "writes it again", announcement.task_id, error)
-        report_later(settings, announcement.task_id, REPORT_BACKOFF, exception_json(exc))
+        logger.warning(
+            "task %s: storing its failure for the caller failed (%s); a sweeper writes it again",
+            announcement.task_id,
+            error,
+        )
+        report_later(ctx.settings, announcement.task_id, REPORT_BACKOFF, exception_json(exc))
         return
-    with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow)
-                        .where(AnnouncementRow.task_id == announcement.task_id,
-                               AnnouncementRow.result.is_(None))
-                        .values(result=exception_json(exc)))
+    with write_session(ctx.settings.database_url) as session:
+        session.execute(
+            update(AnnouncementRow)
+            .where(
+                AnnouncementRow.task_id == announcement.task_id, AnnouncementRow.result.is_(None)
+            )
+            .values(result=exception_json(exc))
+        )
 
 
-_VIEW = select(AnnouncementRow.state, AnnouncementRow.worker, AnnouncementRow.result,
-               AnnouncementRow.started_at, AnnouncementRow.finished_at).where(
-    AnnouncementRow.task_id == bindparam("task_id"))
+_VIEW = select(
+    AnnouncementRow.state,
+    AnnouncementRow.worker,
+    AnnouncementRow.result,
+    AnnouncementRow.started_at,
+    AnnouncementRow.finished_at,
+).where(AnnouncementRow.task_id == bindparam("task_id"))
 
 
-def restore_view(app: Celery, settings: Settings, task_id: str) -> None:
+def restore_view(ctx: Context, task_id: str) -> None:
     """After a node dropped a stale copy of a task's execution (its worker had already sent
     ``task-received`` and ``task-started`` for it), send the task's real latest event again
     from the worker that ran it, so that Flower, which shows a task on the worker of its last
     event, shows it where it ran. Sent, as Celery's ``Task.send_event`` is, whatever the
     app's event settings: the copy's own events were sent already."""
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         row = session.execute(_VIEW, {"task_id": task_id}).one_or_none()
     if row is None or row.worker is None:
         return
@@ -120,66 +133,87 @@ def restore_view(app: Celery, settings: Settings, task_id: str) -> None:
         fields.update(exception=f"{stored.get('exc_type')}({message!r})", traceback="")
     else:
         return
-    events.send(app, kind, task_id, hostname=row.worker, force=True, **fields)
+    events.send(ctx.app, kind, task_id, hostname=row.worker, force=True, **fields)
 
 
-def report_later(settings: Settings, task_id: str, delay: float = 1.0,
-                 outcome: dict[str, Any] | None = None) -> None:
+def report_later(
+    settings: Settings, task_id: str, delay: float = 1.0, outcome: dict[str, Any] | None = None
+) -> None:
     """Make a sweeper write ``task_id``'s final outcome to the result backend in ``delay``
     seconds (with ``outcome``, store it first, where the row has none)."""
     with write_session(settings.database_url) as session:
-        session.execute(update(AnnouncementRow)
-                        .where(AnnouncementRow.task_id == task_id)
-                        .values(report_due=clock.now() + delay))
+        session.execute(
+            update(AnnouncementRow)
+            .where(AnnouncementRow.task_id == task_id)
+            .values(report_due=clock.now() + delay)
+        )
         if outcome is not None:
-            session.execute(update(AnnouncementRow)
-                            .where(AnnouncementRow.task_id == task_id,
-                                   AnnouncementRow.result.is_(None))
-                            .values(result=outcome))
+            session.execute(
+                update(AnnouncementRow)
+                .where(AnnouncementRow.task_id == task_id, AnnouncementRow.result.is_(None))
+                .values(result=outcome)
+            )
 
 
 def report_if_final(settings: Settings, task_id: str, delay: float = REPORT_BACKOFF) -> bool:
     """Make a sweeper check ``task_id``'s outcome in the backend in ``delay`` seconds, if the
     store holds a final one (Celery could not write it: its retries ran out). True if so."""
     with write_session(settings.database_url) as session:
-        found = cast(CursorResult[Any], session.execute(
-            update(AnnouncementRow)
-            .where(AnnouncementRow.task_id == task_id,
-                   AnnouncementRow.state.in_(sorted(lifecycle.FINAL_STATES)))
-            .values(report_due=clock.now() + delay))).rowcount
+        found = cast(
+            CursorResult[Any],
+            session.execute(
+                update(AnnouncementRow)
+                .where(
+                    AnnouncementRow.task_id == task_id,
+                    AnnouncementRow.state.in_(sorted(lifecycle.FINAL_STATES)),
+                )
+                .values(report_due=clock.now() + delay)
+            ),
+        ).rowcount
     return found == 1
 
 
-def report_results(settings: Settings, app: Celery, now: float | None = None,
-                   limit: int = 50) -> int:
+def report_results(ctx: Context, now: float | None = None, limit: int = 50) -> int:
     """Write to the result backend the final outcomes due for it (a sweeper phase); returns
     how many were written. Each is leased first, so concurrent sweepers write it once."""
     now = clock.now() if now is None else now
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         due = session.execute(_DUE, {"now": now, "limit": limit}).all()
     written = 0
     for task_id, state, outcome, error, spec in due:
         lease = now + REPORT_LEASE
-        with write_session(settings.database_url) as session:
-            taken = cast(CursorResult[Any], session.execute(
-                _LEASE, {"r_task": task_id, "r_now": now, "r_lease": lease})).rowcount
+        with write_session(ctx.settings.database_url) as session:
+            taken = cast(
+                CursorResult[Any],
+                session.execute(_LEASE, {"r_task": task_id, "r_now": now, "r_lease": lease}),
+            ).rowcount
         if taken != 1:
             continue
         follow_up: float | None = None
         try:
-            if _report(app, task_id, state, outcome, error, spec):
+            if _report(ctx.app, task_id, state, outcome, error, spec):
                 written += 1
         except Exception as exc:  # the backend still down: later
-            logger.warning("task %s: writing its result to the backend failed (%s); again "
-                           "in %gs", task_id, exc, REPORT_BACKOFF)
+            logger.warning(
+                "task %s: writing its result to the backend failed (%s); again in %gs",
+                task_id,
+                exc,
+                REPORT_BACKOFF,
+            )
             follow_up = clock.now() + REPORT_BACKOFF
-        with write_session(settings.database_url) as session:
+        with write_session(ctx.settings.database_url) as session:
             session.execute(_DONE, {"r_task": task_id, "r_lease": lease, "r_next": follow_up})
     return written
 
 
-def _report(app: Celery, task_id: str, state: str, outcome: dict[str, Any] | None,
-            error: str | None, spec: dict[str, Any]) -> bool:
+def _report(
+    app: Celery,
+    task_id: str,
+    state: str,
+    outcome: dict[str, Any] | None,
+    error: str | None,
+    spec: dict[str, Any],
+) -> bool:
     """Write one task's final outcome where the backend lacks it; False when it had it."""
     if state not in lifecycle.FINAL_STATES:
         return False  # moved on (a reset): nothing final to report
@@ -200,8 +234,12 @@ def _report(app: Celery, task_id: str, state: str, outcome: dict[str, Any] | Non
     if have == states.FAILURE and _same_error(backend, meta, outcome):
         return False
     exc = _exception(backend, outcome, error)
-    backend.mark_as_failure(task_id, exc, request=request, call_errbacks=have is None
-                            or have not in states.READY_STATES)
+    backend.mark_as_failure(
+        task_id,
+        exc,
+        request=request,
+        call_errbacks=have is None or have not in states.READY_STATES,
+    )
     logger.info("task %s: its failure is in the backend now (it had %s)", task_id, have)
     return True
 
@@ -222,6 +260,7 @@ def _exception(backend: Any, outcome: dict[str, Any] | None, error: str | None) 
                 return exc
         except Exception:  # a class that cannot be rebuilt here: its text still reaches them
             logger.debug("cannot rebuild %r", stored, exc_info=True)
-        return BiddingError(f"{stored.get('exc_type')}: "
-                            f"{' '.join(stored.get('exc_message') or [])}")
+        return BiddingError(
+            f"{stored.get('exc_type')}: {' '.join(stored.get('exc_message') or [])}"
+        )
     return BiddingError(error or "the task failed")

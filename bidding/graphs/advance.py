@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import jsonschema
-from celery import Celery
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 
 from bidding import clock
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.graphs import plan
 from bidding.graphs import store as rows
 from bidding.graphs.spec import PRIORITY_LEVELS, Subtask, TaskDefinition
@@ -51,20 +51,20 @@ class _Ended:
     error: str | None
 
 
-def task_ended(settings: Settings, app: Celery, task_id: str) -> None:
+def task_ended(ctx: Context, task_id: str) -> None:
     """``task_id`` reached a final state: advance its graph, if it is a graph's subtask."""
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         graph_id = rows.graph_of_task(session, task_id)
     if graph_id is not None:
-        advance(settings, app, graph_id)
+        advance(ctx, graph_id)
 
 
-def advance_idle(settings: Settings, app: Celery, now: float | None = None,
+def advance_idle(ctx: Context, now: float | None = None,
                  limit: int = 20) -> int:
     """Advance the unfinished graphs nobody moved for ``IDLE_SECONDS`` (a sweeper phase; each
     is leased by moving its ``touched_at``, so one sweeper looks at it). Returns how many."""
     now = clock.now() if now is None else now
-    with read_session(settings.database_url) as session:
+    with read_session(ctx.settings.database_url) as session:
         idle = session.execute(
             select(Graph.graph_id, Graph.touched_at)
             .where(Graph.state.in_([rows.WAITING, rows.EXECUTING]),
@@ -72,22 +72,22 @@ def advance_idle(settings: Settings, app: Celery, now: float | None = None,
             .order_by(Graph.touched_at).limit(limit)).all()
     done = 0
     for graph_id, touched in idle:
-        with write_session(settings.database_url) as session:
+        with write_session(ctx.settings.database_url) as session:
             leased = cast(CursorResult[Any], session.execute(
                 update(Graph).where(Graph.graph_id == graph_id, Graph.touched_at == touched)
                 .values(touched_at=now))).rowcount
         if leased == 1:
             try:
-                advance(settings, app, graph_id)
+                advance(ctx, graph_id)
                 done += 1
             except Exception:
                 logger.exception("graph %s: advancing it failed", graph_id)
     return done
 
 
-def advance(settings: Settings, app: Celery, graph_id: str) -> str | None:
+def advance(ctx: Context, graph_id: str) -> str | None:
     """Move ``graph_id`` on as far as its subtasks allow; returns its state (None: unknown)."""
-    url = settings.database_url
+    url = ctx.settings.database_url
     with read_session(url) as session:
         graph = session.get(Graph, graph_id)
         if graph is None:
@@ -103,34 +103,34 @@ def advance(settings: Settings, app: Celery, graph_id: str) -> str | None:
     now = clock.now()
     for step in steps.values():
         if step.state == rows.RUNNING:
-            _finish_step(settings, app, graph, defn, step, ended.get(step.task_id), now)
+            _finish_step(ctx, graph, defn, step, ended.get(step.task_id), now)
     if graph.state not in (rows.WAITING, rows.EXECUTING):
         return graph.state
     failed = sorted((s for s in steps.values() if s.state == rows.FAILED),
                     key=lambda s: (s.finished_at or now, s.position))
     if failed:
-        _fail(settings, app, graph, defn, steps, failed[0].step_id,
+        _fail(ctx, graph, defn, steps, failed[0].step_id,
               failed[0].error or "failed")
         return rows.FAILED
-    if graph.state == rows.WAITING and not _dependencies_done(settings, graph, defn, steps):
+    if graph.state == rows.WAITING and not _dependencies_done(ctx.settings, graph, defn, steps):
         return graph.state
     done = {sid for sid, s in steps.items() if s.state == rows.SUCCESS}
     if len(done) == len(steps):
-        return _complete(settings, graph, defn, steps)
+        return _complete(ctx.settings, graph, defn, steps)
     started = {sid for sid, s in steps.items() if s.state != rows.PENDING}
     for subtask in plan.ready(defn.steps(), done, started):
-        if not _start(settings, app, graph, defn, steps, subtask):
+        if not _start(ctx, graph, defn, steps, subtask):
             return rows.FAILED
     return rows.EXECUTING
 
 
-def _finish_step(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
+def _finish_step(ctx: Context, graph: Graph, defn: TaskDefinition,
                  step: GraphStep, ended: _Ended | None, now: float) -> None:
     """Record the end of a RUNNING step whose task is final (or announce it again when its
     announcement never got written)."""
     if ended is None:
         if (step.announced_at or 0.0) < now - UNANNOUNCED_SECONDS:
-            _announce_again(settings, app, graph, defn, step, now)
+            _announce_again(ctx, graph, defn, step, now)
         return
     if ended.state not in states.FINAL_STATES:
         return
@@ -145,7 +145,7 @@ def _finish_step(settings: Settings, app: Celery, graph: Graph, defn: TaskDefini
             target, values["error"] = rows.FAILED, str(exc)
     else:
         target, values["error"] = rows.FAILED, _reason(ended)
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         if rows.move_step(session, graph.graph_id, step.step_id, rows.RUNNING, target,
                           **values):
             step.state = target
@@ -163,14 +163,14 @@ def _reason(ended: _Ended) -> str:
     return f"its task ended {ended.state}"
 
 
-def _fail(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
+def _fail(ctx: Context, graph: Graph, defn: TaskDefinition,
           steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
     """Fail the task for ``step_id``'s failure: every step not started is never started, and
     every other step still running is stopped (its work can no longer be used)."""
     now = clock.now()
     after = set(plan.dependents(defn.steps(), step_id))
     stopped: list[str] = []
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         if not rows.move_graph(session, graph.graph_id, (rows.WAITING, rows.EXECUTING),
                                rows.FAILED, error=f"subtask {step_id} failed: {reason}",
                                failed_step=step_id, finished_at=now):
@@ -190,7 +190,7 @@ def _fail(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
         # As `celery control revoke --terminate` would: its node drops or ends it, and the
         # store records it FAILED ("revoked").
         try:
-            app.control.revoke(task_id, terminate=True)
+            ctx.app.control.revoke(task_id, terminate=True)
         except Exception:  # the broker down: the subtask finishes, and its result is unused
             logger.warning("graph %s: stopping subtask task %s failed", graph.graph_id,
                            task_id, exc_info=True)
@@ -293,7 +293,7 @@ def options(defn: TaskDefinition, subtask: Subtask, remaining: float | None) -> 
     return found
 
 
-def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
+def _start(ctx: Context, graph: Graph, defn: TaskDefinition,
            steps: Mapping[str, GraphStep], subtask: Subtask) -> bool:
     """Announce a ready subtask (once: PENDING -> RUNNING first). False when the task failed."""
     sid = subtask.subtask_id
@@ -301,7 +301,7 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
     remaining: float | None = None
     limit = defn.metadata.cost_limit
     if limit is not None:
-        with read_session(settings.database_url) as session:
+        with read_session(ctx.settings.database_url) as session:
             now_steps = {r.step_id: r for r in session.scalars(
                 select(GraphStep).where(GraphStep.graph_id == graph.graph_id))}
             costs = rows.spent(session, [s.task_id for s in now_steps.values()])
@@ -312,52 +312,52 @@ def _start(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
         pending = sum(1 for s in now_steps.values() if s.state == rows.PENDING)
         remaining = plan.budget_share(limit, finished, held, pending)
         if remaining <= 0:
-            _fail_step(settings, app, graph, defn, steps, sid,
+            _fail_step(ctx, graph, defn, steps, sid,
                        f"cost_limit {limit:g} reached (spent {finished + held:.4f})")
             return False
     try:
         kwargs = resolve(subtask.input, graph.input, _outputs(steps))
     except TemplateError as exc:
-        _fail_step(settings, app, graph, defn, steps, sid, str(exc))
+        _fail_step(ctx, graph, defn, steps, sid, str(exc))
         return False
     now = clock.now()
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         if not rows.move_step(session, graph.graph_id, sid, rows.PENDING, rows.RUNNING,
                               input=kwargs, announced_at=now, budget=remaining):
             return True  # another process announced it
     step.state = rows.RUNNING
     try:
-        app.tasks[step.task_name].apply_async(kwargs=kwargs, task_id=step.task_id,
+        ctx.app.tasks[step.task_name].apply_async(kwargs=kwargs, task_id=step.task_id,
                                               bidding=options(defn, subtask, remaining))
     except Exception as exc:
-        if _announced_meanwhile(settings, exc, step.task_id):
+        if _announced_meanwhile(ctx.settings, exc, step.task_id):
             logger.info("graph %s: subtask %s was announced meanwhile by a sweeper (this "
                         "announce took over %gs); its auction runs it", graph.graph_id, sid,
                         UNANNOUNCED_SECONDS)
             return True
         logger.exception("graph %s: announcing subtask %s failed", graph.graph_id, sid)
-        with write_session(settings.database_url) as session:
+        with write_session(ctx.settings.database_url) as session:
             rows.move_step(session, graph.graph_id, sid, rows.RUNNING, rows.FAILED,
                            error=f"could not be announced: {exc}", finished_at=clock.now())
-        _fail(settings, app, graph, defn, steps, sid, f"could not be announced: {exc}")
+        _fail(ctx, graph, defn, steps, sid, f"could not be announced: {exc}")
         return False
     logger.info("graph %s: subtask %s announced as %s", graph.graph_id, sid, step.task_id)
     return True
 
 
-def _fail_step(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
+def _fail_step(ctx: Context, graph: Graph, defn: TaskDefinition,
                steps: Mapping[str, GraphStep], step_id: str, reason: str) -> None:
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         rows.move_step(session, graph.graph_id, step_id, rows.PENDING, rows.FAILED,
                        error=reason, finished_at=clock.now())
-    _fail(settings, app, graph, defn, steps, step_id, reason)
+    _fail(ctx, graph, defn, steps, step_id, reason)
 
 
-def _announce_again(settings: Settings, app: Celery, graph: Graph, defn: TaskDefinition,
+def _announce_again(ctx: Context, graph: Graph, defn: TaskDefinition,
                     step: GraphStep, now: float) -> None:
     """A RUNNING step without an announcement: its announcer died in between. Announce it
     (one sweeper: the step's ``announced_at`` is compare-and-set first)."""
-    with write_session(settings.database_url) as session:
+    with write_session(ctx.settings.database_url) as session:
         taken = cast(CursorResult[Any], session.execute(
             update(GraphStep).where(GraphStep.graph_id == graph.graph_id,
                                     GraphStep.step_id == step.step_id,
@@ -371,10 +371,10 @@ def _announce_again(settings: Settings, app: Celery, graph: Graph, defn: TaskDef
     logger.warning("graph %s: subtask %s was started but never announced; announcing it",
                    graph.graph_id, step.step_id)
     try:
-        app.tasks[step.task_name].apply_async(kwargs=step.input or {}, task_id=step.task_id,
+        ctx.app.tasks[step.task_name].apply_async(kwargs=step.input or {}, task_id=step.task_id,
                                               bidding=options(defn, subtask, remaining))
     except Exception as exc:
-        if not _announced_meanwhile(settings, exc, step.task_id):
+        if not _announced_meanwhile(ctx.settings, exc, step.task_id):
             raise
         logger.info("graph %s: subtask %s was announced meanwhile by its slow announcer; "
                     "its auction runs it", graph.graph_id, step.step_id)

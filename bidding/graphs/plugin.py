@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from bidding.context import Context
 from bidding.graphs.advance import advance_idle, task_ended
 from bidding.lifecycle.plugins import Loop, Plugin
 
@@ -24,7 +25,7 @@ class GraphPlugin(Plugin):
         if not getattr(task, "capability", None):
             return
         try:
-            task_ended(self.settings, self.app, task_id)
+            task_ended(Context(self.settings, self.app), task_id)
         except Exception:
             logger.exception("task %s: advancing its task graph failed; a sweeper will",
                              task_id)
@@ -32,4 +33,4 @@ class GraphPlugin(Plugin):
     def loops(self, sweep_every: Callable[[], float]) -> Sequence[Loop]:
         """Advance the graphs left alone, every sweep."""
         return [Loop("bidding-sweeper-advance_idle", sweep_every,
-                     lambda: advance_idle(self.settings, self.app))]
+                     lambda: advance_idle(Context(self.settings, self.app)))]

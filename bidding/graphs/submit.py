@@ -12,6 +12,7 @@ from celery import Celery
 from sqlalchemy import select
 
 from bidding.config import Settings, get_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError, SubtaskFailedError, UnknownTaskError
 from bidding.graphs import store as rows
 from bidding.graphs.advance import advance
@@ -102,5 +103,5 @@ def submit(spec: Any, *, app: Celery, input: Mapping[str, Any] | None = None) ->
     names = {capability: task.name for capability, task in tasks.items()}
     with write_session(settings.database_url) as session:
         graph_id = rows.create(session, defn, values, names)
-    advance(settings, app, graph_id)
+    advance(Context(settings, app), graph_id)
     return GraphHandle(graph_id, app, settings)

@@ -27,6 +27,7 @@ from typing import Any
 from celery import Celery
 
 from bidding.config import Settings
+from bidding.context import Context
 
 _KINDS = "_bidding_plugin_kinds"
 _MADE = "_bidding_plugins"
@@ -80,12 +81,12 @@ def use(app: Celery, *kinds: type[Plugin]) -> None:
     setattr(app, _KINDS, [*known, *(k for k in kinds if k not in known)])
 
 
-def plugins_of(app: Celery, settings: Settings) -> Sequence[Plugin]:
+def plugins_of(ctx: Context) -> Sequence[Plugin]:
     """The plug-ins on for ``app`` with ``settings``, made once per settings object."""
-    made: tuple[Settings, list[Plugin]] | None = getattr(app, _MADE, None)
-    if made is not None and made[0] is settings:
+    made: tuple[Settings, list[Plugin]] | None = getattr(ctx.app, _MADE, None)
+    if made is not None and made[0] is ctx.settings:
         return made[1]
-    plugins = [kind(settings, app) for kind in getattr(app, _KINDS, [])
-               if kind.wanted(settings)]
-    setattr(app, _MADE, (settings, plugins))
+    plugins = [kind(ctx.settings, ctx.app) for kind in getattr(ctx.app, _KINDS, [])
+               if kind.wanted(ctx.settings)]
+    setattr(ctx.app, _MADE, (ctx.settings, plugins))
     return plugins

@@ -12,6 +12,7 @@ from sqlalchemy import select
 from bidding import clock
 from bidding.auction.board import get_board
 from bidding.config import get_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.plugins import plugins_of
@@ -193,7 +194,7 @@ def _before_read(app: Celery, database_url: str, task_id: str) -> None:
     settings = get_settings(app)
     if settings.database_url != database_url:
         return
-    for plugin in plugins_of(app, settings):
+    for plugin in plugins_of(Context(settings, app)):
         plugin.before_read(task_id)
 
 
@@ -293,7 +294,7 @@ def _judged(payload: dict[str, Any]) -> dict[str, Any]:
 
 def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
     """Answers of an open auction that are still on a Redis bid board (not scored yet)."""
-    board = get_board(get_settings(app), app)
+    board = get_board(Context(get_settings(app), app))
     if not board.writes_on_award:
         return []
     try:

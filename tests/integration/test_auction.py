@@ -23,6 +23,7 @@ from bidding.auction.board import RedisBoard, get_board
 from bidding.auction.close import close_auction
 from bidding.auction.opening import row_values
 from bidding.auction.proxy import PROXY_CLOSE
+from bidding.context import Context
 from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session, write_session
@@ -172,7 +173,7 @@ def test_a_duplicated_award_executes_the_task_once(cluster: Cluster) -> None:
     try:
         result = shared.apply_async(("once",), bidding={"window": 3.0})
 
-        board = get_board(cluster.settings, cluster.app)
+        board = get_board(Context(cluster.settings, cluster.app))
 
         def bids_in() -> bool:
             return len(board.peek(result.id, 1)) == 3
@@ -249,11 +250,11 @@ def test_bids_in_before_the_announcement_is_stored_still_win(cluster: Cluster) -
     announcement = build_announcement(shared, cluster.settings, ("early",), {}, {})
     north = NodeProfile(name="north", capabilities=NODES["north"], capacity=4,
                         price_per_unit=0.01, latency_ms=50, trust=70)
-    get_board(cluster.settings, cluster.app).post(
+    get_board(Context(cluster.settings, cluster.app)).post(
         compute_bid(announcement, north, NodeHistory()), expected=1, window=announcement.window)
     awards: list[Any] = []
     closer = threading.Thread(target=lambda: awards.append(close_auction(
-        cluster.settings, cluster.app, announcement.task_id, 1, "all bids in",
+        Context(cluster.settings, cluster.app), announcement.task_id, 1, "all bids in",
         announcement=announcement, candidates=1)))
     # when the award starts first and the row is written 0.3 s later
     closer.start()
@@ -280,7 +281,7 @@ def test_an_open_auction_shows_its_bids_and_is_announced_again_if_the_board_is_l
     cluster.ghost(["shared"])
     try:
         result = shared.apply_async(("lost",), bidding={"window": 2.0})
-        board = get_board(cluster.settings, cluster.app)
+        board = get_board(Context(cluster.settings, cluster.app))
         assert wait_for(lambda: len(board.peek(result.id, 1)) == 3, timeout=10)
         # then explain shows the auction open, with the three answers not scored yet
         why = bidding.explain(result.id, app=cluster.app)

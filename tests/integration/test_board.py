@@ -15,6 +15,7 @@ from bidding.auction.bid_request import BidRequest
 from bidding.auction.board import RedisBoard
 from bidding.auction.history import history_changed, history_versions
 from bidding.config import load_settings
+from bidding.context import Context
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
 from tests.conftest import REDIS_DB, REDIS_URL, require
@@ -137,11 +138,11 @@ def test_requests_nobody_pops_expire(board: RedisBoard) -> None:
 def test_finishing_an_attempt_changes_the_nodes_history_version(board: RedisBoard) -> None:
     # given a node's history version, kept in the Redis of the bid board
     settings = load_settings({"bidding_bid_board": URL}, environ={})
-    before = history_versions(settings, APP, ["a"])["a"]
+    before = history_versions(Context(settings, APP), ["a"])["a"]
     # when it finishes an attempt
-    history_changed(settings, APP, "a")
+    history_changed(Context(settings, APP), "a")
     # then the version moved (cached histories of it are stale), and other nodes' did not
-    assert history_versions(settings, APP, ["a", "b"]) == {"a": (before or 0) + 1, "b": 0}
+    assert history_versions(Context(settings, APP), ["a", "b"]) == {"a": (before or 0) + 1, "b": 0}
 
 
 def test_a_short_windows_request_does_not_expire_a_longer_ones(board: RedisBoard) -> None:

@@ -29,6 +29,7 @@ from bidding.auction.board import RedisBoard, get_board
 from bidding.auction.board.redis_board import RequestListener
 from bidding.auction.board.store_board import request_queue
 from bidding.auction.consumer import answer
+from bidding.context import Context
 from bidding.execution.dispatch import send_execution
 from bidding.models import Announcement as Spec
 from bidding.nodes.embedded import free_port
@@ -158,9 +159,9 @@ def bidding_ghost(cluster: Cluster, skills: list[str]) -> Iterator[NodeProfile]:
 
     def run() -> None:
         def on_request(request: BidRequest) -> None:
-            answer(cluster.settings, cluster.app, profile, request)
+            answer(Context(cluster.settings, cluster.app), profile, request)
 
-        board = get_board(cluster.settings, cluster.app)
+        board = get_board(Context(cluster.settings, cluster.app))
         if isinstance(board, RedisBoard):
             listener = RequestListener(board, profile.name, on_request)
             listener.start()

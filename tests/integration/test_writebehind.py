@@ -44,6 +44,7 @@ from bidding.auction.writebehind import (
     write_entries,
 )
 from bidding.config import SETTING_NAMES, Settings, reset_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError
 from bidding.models import Announcement, Award
 from bidding.nodes.heartbeat import heartbeat
@@ -80,7 +81,7 @@ def journaled(request: pytest.FixtureRequest, redis_broker: str,
 
 
 def journal_of(cluster: Cluster) -> Journal:
-    journal = get_journal(cluster.settings, cluster.app)
+    journal = get_journal(Context(cluster.settings, cluster.app))
     assert journal is not None
     return journal
 
@@ -198,7 +199,7 @@ def test_a_writer_killed_before_acknowledging_is_replayed_once(
         env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert caller.returncode == 0, caller.stderr
     task_ids = caller.stdout.split()
-    journal = get_journal(settings, journaled.app)
+    journal = get_journal(Context(settings, journaled.app))
     assert journal is not None and journal.backlog() == 5
     entries = [e for e in journal.entries(task_ids) if e is not None]
     # when a writer process commits them to the store and is killed before it drops and
@@ -266,7 +267,7 @@ class Private:
 
     @property
     def journal(self) -> Journal:
-        journal = get_journal(self.settings, self.app)
+        journal = get_journal(Context(self.settings, self.app))
         assert journal is not None
         return journal
 
@@ -278,7 +279,7 @@ class Private:
         for _ in range(n):
             announcement = Announcement(task_id=str(uuid.uuid4()), task_name="tests.shared",
                                task_type="shared_work", required_skills=["shared"])
-            award = award_behind(self.settings, self.app, announcement, nodes)
+            award = award_behind(Context(self.settings, self.app), announcement, nodes)
             assert award is not None and award.winner is not None
             winners.append(award.winner)
         return winners
@@ -553,7 +554,7 @@ def test_an_award_whose_reply_was_lost_is_written_once_and_sent_once(
         before=writer.run if writer_first else None,
     )
     # when it announces the task, as .delay() does
-    result = announce(p.app, p.settings, announcement, fresh_id=True)
+    result = announce(Context(p.settings, p.app), announcement, fresh_id=True)
     # then .delay() returns the task's result, no error
     assert result.id == announcement.task_id
     caller_wrote = not writer_first and row_of(url, announcement.task_id) is not None
@@ -697,13 +698,13 @@ def test_an_award_decided_before_another_took_the_same_node_is_decided_again(
 
     def append(self: Journal, entry: Entry, expect: int | None) -> str:
         if entry.announcement.task_id == a.task_id and "b" not in made:
-            made["b"] = award_behind(settings, private.app, b, nodes)
-            assert settle(settings, private.app, first.announcement.task_id)
+            made["b"] = award_behind(Context(settings, private.app), b, nodes)
+            assert settle(Context(settings, private.app), first.announcement.task_id)
         return real(self, entry, expect)
 
     monkeypatch.setattr(Journal, "append", append)
     # when A's append is tried
-    award_a = award_behind(settings, private.app, a, nodes)
+    award_a = award_behind(Context(settings, private.app), a, nodes)
     # then B took ghost1, and A, refused and decided again, went to ghost2 (3/8 against 2/4):
     # not both to ghost1's slot
     assert made["b"] is not None and made["b"].winner == "ghost1"

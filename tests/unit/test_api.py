@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 import bidding
 from bidding.api.app import create_app
 from bidding.config import celery_conf, get_settings, load_settings
+from bidding.context import Context
 from bidding.graphs.advance import advance
 from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import load_profile
@@ -147,7 +148,7 @@ def test_a_task_that_found_no_node_has_failed_with_its_reason(
     assert created.status_code == 201, created.text
     task_id = created.json()["task_id"]
     # and a node's sweeper moves the task on (fails it for its step)
-    advance(get_settings(celery_app), celery_app, task_id)
+    advance(Context(get_settings(celery_app), celery_app), task_id)
     # then its result is final: FAILED, naming why
     result = client.get(f"/aitp/tasks/{task_id}/result")
     assert result.status_code == 200, result.text
@@ -308,7 +309,7 @@ def test_a_completed_graph_reads_completed_with_its_result(
     step = client.get(f"/aitp/tasks/{task_id}").json()["progress"]["steps"][0]
     finish(store_url, step["task_id"], '{"text": "a"}')
     # and the node moved the graph on
-    advance(get_settings(celery_app), celery_app, task_id)
+    advance(Context(get_settings(celery_app), celery_app), task_id)
     # when its status and result are read, then it is COMPLETED with the subtask's output
     state = client.get(f"/aitp/tasks/{task_id}").json()
     assert state["status"] == "COMPLETED" and state["progress"]["percent_complete"] == 100

@@ -12,6 +12,7 @@ from bidding.auction.bid_request import BidRequest
 from bidding.auction.board import RedisBoard, StoreBoard, get_board, redis_url
 from bidding.auction.history import history_changed, history_versions
 from bidding.config import load_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError
 from bidding.models import Announcement
 
@@ -34,15 +35,17 @@ def app_with(broker: str) -> Celery:
 
 def test_auto_uses_redis_when_the_broker_is_redis_and_the_store_otherwise() -> None:
     settings = load_settings({"bidding_database_url": "sqlite:////tmp/x.db"}, environ={})
-    assert isinstance(get_board(settings, app_with("redis://127.0.0.1:1/0")), RedisBoard)
-    assert isinstance(get_board(settings, app_with("amqp://guest@127.0.0.1//")), StoreBoard)
+    assert isinstance(get_board(Context(settings, app_with("redis://127.0.0.1:1/0"))), RedisBoard)
+    assert isinstance(
+        get_board(Context(settings, app_with("amqp://guest@127.0.0.1//"))), StoreBoard
+    )
 
 
 def test_the_board_can_be_forced_to_the_store_or_to_another_redis() -> None:
     store = load_settings({"bidding_bid_board": "store"}, environ={})
-    assert isinstance(get_board(store, app_with("redis://127.0.0.1:1/0")), StoreBoard)
+    assert isinstance(get_board(Context(store, app_with("redis://127.0.0.1:1/0"))), StoreBoard)
     other = load_settings({"bidding_bid_board": "redis://127.0.0.1:2/3"}, environ={})
-    board = get_board(other, app_with("amqp://guest@127.0.0.1//"))
+    board = get_board(Context(other, app_with("amqp://guest@127.0.0.1//")))
     assert isinstance(board, RedisBoard) and board.url == "redis://127.0.0.1:2/3"
 
 
@@ -99,10 +102,10 @@ def test_a_board_that_is_not_redis_keeps_no_history_versions(store_url: str) -> 
     # given the store board
     settings = load_settings({"bidding_database_url": store_url}, environ={})
     app = app_with("memory://")
-    board = get_board(settings, app)
+    board = get_board(Context(settings, app))
     # when a node finishes an attempt
-    history_changed(settings, app, "a")
+    history_changed(Context(settings, app), "a")
     # then there is no Redis to keep versions in, and no node has one (every bid reads the
     # node's history afresh)
     assert board.redis is None
-    assert history_versions(settings, app, ["a", "b"]) == {"a": None, "b": None}
+    assert history_versions(Context(settings, app), ["a", "b"]) == {"a": None, "b": None}

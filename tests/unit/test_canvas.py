@@ -12,6 +12,7 @@ import pytest
 from celery import Celery
 
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError, NoBidsError
 from bidding.execution.canvas import caller_request, canvas_of, message_options
 from bidding.execution.dispatch import send_execution
@@ -105,7 +106,7 @@ def test_a_failure_no_worker_saw_reaches_the_errbacks_and_the_chain(
     monkeypatch.setattr(app.backend, "_fail_chain", fail_chain)
     error = NoBidsError("No bids received")
     # when the caller's result is failed
-    fail_caller(app, Settings(database_url=store_url), announcement, error)
+    fail_caller(Context(Settings(database_url=store_url), app), announcement, error)
     # then the result backend stored it and handed the errbacks and chain the failure
     assert app.AsyncResult("t1").state == "FAILURE"
     assert seen["errbacks"] == ("t1", announcement.canvas.errbacks, error)

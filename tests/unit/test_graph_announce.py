@@ -14,6 +14,7 @@ from sqlalchemy import func, select, update
 
 import bidding
 from bidding.config import Settings, celery_conf
+from bidding.context import Context
 from bidding.graphs import store as rows
 from bidding.graphs.advance import UNANNOUNCED_SECONDS, advance
 from bidding.graphs.submit import submit
@@ -74,7 +75,7 @@ def test_a_step_announced_twice_is_announced_once_and_the_graph_runs_on(
                 announced_at=GraphStep.announced_at - UNANNOUNCED_SECONDS - 1))
         (graph_id,) = read_graph_ids(settings)
         try:
-            advance(settings, app, graph_id)
+            advance(Context(settings, app), graph_id)
         except Exception as exc:  # what advance_idle would log
             swept.append(exc)
 

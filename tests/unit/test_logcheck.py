@@ -17,6 +17,7 @@ from sqlalchemy import update
 from bidding.auction.announce import announce_due, open_auction
 from bidding.cli import main
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle import journal
 from bidding.models import Announcement, Fallbacks
 from bidding.observe.logcheck import check_log
@@ -36,7 +37,7 @@ def submit(settings: Settings, task_type: str, *, defer: bool = False) -> str:
                           max_deferrals=1) if defer else Fallbacks()
     announcement = Announcement(task_id=str(uuid.uuid4()), task_name="t.work", task_type=task_type,
                        required_skills=["nobody_has_it"], fallbacks=fallbacks)
-    assert open_auction(app(), settings, announcement, new=True)
+    assert open_auction(Context(settings, app()), announcement, new=True)
     return announcement.task_id
 
 
@@ -51,7 +52,7 @@ def test_real_logs_keep_the_protocol_until_one_is_corrupted(settings: Settings) 
     # given a task that found no node and one deferred, then escalated when announced again
     failed = submit(settings, "ocr")
     deferred = submit(settings, "translation", defer=True)
-    announce_due(settings, app(), now=time.time() + 1)
+    announce_due(Context(settings, app()), now=time.time() + 1)
     # when the log is checked, then both keep the protocol
     clean = check_log(settings.database_url)
     assert (clean.tasks, clean.violations, clean.ok) == (2, [], True)
@@ -85,7 +86,7 @@ def test_stats_add_success_per_task_type_escalations_and_the_checkers_verdict(
     submit(settings, "ocr")
     submit(settings, "ocr")
     deferred = submit(settings, "translation", defer=True)
-    announce_due(settings, app(), now=time.time() + 1)
+    announce_due(Context(settings, app()), now=time.time() + 1)
     with write_session(settings.database_url) as session:
         journal.record(session, deferred, journal.WATCH_ESCALATED, reason="silent")
     # when the stats are collected

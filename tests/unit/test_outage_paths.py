@@ -18,6 +18,7 @@ from bidding.auction.announce import open_auction
 from bidding.auction.board import StoreBoard
 from bidding.auction.close import close_auction
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.execution.dispatch import start_by
 from bidding.execution.report import report_if_final, report_results
 from bidding.lifecycle import states as lifecycle
@@ -54,7 +55,7 @@ def test_a_task_waits_for_a_capable_node_that_is_reconnecting(settings: Settings
     invalidate_cache()
     # when a task for ocr is announced
     task = announcement()
-    assert open_auction(app(), settings, task, new=True)
+    assert open_auction(Context(settings, app()), task, new=True)
     # then it waits to be announced again in a heartbeat interval, not counted as a deferral
     found = row(settings, task.task_id)
     assert found.state == lifecycle.DEFERRED
@@ -78,7 +79,7 @@ def test_a_task_nobody_can_be_coming_back_for_fails_at_once(settings: Settings,
     invalidate_cache()
     # when a task for ocr is announced
     task = announcement()
-    open_auction(app(), settings, task, new=True)
+    open_auction(Context(settings, app()), task, new=True)
     # then it fails fast with seed 001's outcome
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED
@@ -99,7 +100,7 @@ def test_a_caller_whose_cached_node_list_predates_a_reconnect_does_not_fail_the_
     with write_session(settings.database_url) as session:
         session.execute(update(Node).values(status="online", last_heartbeat=time.time()))
     task = announcement()
-    assert open_auction(app(), settings, task, new=True)
+    assert open_auction(Context(settings, app()), task, new=True)
     # then the task is not failed with "No bidders registered": the node is its candidate
     # and wins it
     found = row(settings, task.task_id)
@@ -117,7 +118,7 @@ def test_a_node_whose_heartbeats_failed_a_moment_ago_is_waited_for(settings: Set
     invalidate_cache()
     # when a task for ocr is announced
     task = announcement()
-    assert open_auction(app(), settings, task, new=True)
+    assert open_auction(Context(settings, app()), task, new=True)
     # then it waits for the node, within the grace period, instead of failing at once
     found = row(settings, task.task_id)
     assert found.state == lifecycle.DEFERRED, found.error
@@ -150,9 +151,9 @@ def test_a_caller_outlasts_a_dropped_store_connection_while_reading_the_live_nod
     if settings.database_url.startswith("sqlite"):
         # (SQLite has no connection to drop: its errors are raised as they are)
         with pytest.raises(OperationalError):
-            open_auction(app(), settings, task, new=True)
+            open_auction(Context(settings, app()), task, new=True)
         return
-    assert open_auction(app(), settings, task, new=True)
+    assert open_auction(Context(settings, app()), task, new=True)
     # then the read is tried again and the task is awarded, not failed or refused
     found = row(settings, task.task_id)
     assert (found.state, found.assigned_node) == (lifecycle.ASSIGNED, "scanner")
@@ -194,7 +195,7 @@ def test_an_award_whose_commit_landed_and_whose_reply_was_lost_goes_on(
         try:
             task = announcement(bid_mode="proxy")
             # when a task for ocr is announced (its row, bids and award in one commit)
-            assert open_auction(app(), settings, task, new=True)
+            assert open_auction(Context(settings, app()), task, new=True)
         finally:
             event.remove(Session, "after_commit", lost)
         # then the lost reply was met, and the task is awarded once, to the node, as stored:
@@ -230,7 +231,7 @@ def test_an_announcement_whose_commit_landed_and_whose_reply_was_lost_is_accepte
         try:
             task = announcement(bid_mode="ask")
             # when the task is announced (its write is tried again, as every caller's is)
-            assert open_auction(app(), settings, task, new=True)
+            assert open_auction(Context(settings, app()), task, new=True)
         finally:
             event.remove(Session, "after_commit", lost)
         # then the caller is not refused with an IntegrityError: the task is up for bidding,
@@ -254,7 +255,7 @@ def test_a_new_task_whose_bid_requests_cannot_be_sent_ends_failed_with_the_reaso
     task = announcement(bid_mode="ask")
     # when it is announced, the caller gets the error
     with pytest.raises(ConnectionError):
-        open_auction(app(), settings, task, new=True)
+        open_auction(Context(settings, app()), task, new=True)
     # and the store does not keep a half-announced task: it ended FAILED, saying why
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED
@@ -273,11 +274,11 @@ def test_a_result_the_backend_lacks_is_written_from_the_store(settings: Settings
     assert celery.AsyncResult(task.task_id).state == "PENDING"
     # when its worker reports that the write failed, and a sweeper's report phase runs
     assert report_if_final(settings, task.task_id, delay=0)
-    written = report_results(settings, celery, now=time.time() + 1)
+    written = report_results(Context(settings, celery), now=time.time() + 1)
     # then the caller's result holds the real value, written once
     assert written == 1
     assert celery.AsyncResult(task.task_id).get(timeout=1) == {"pages": 3}
-    assert report_results(settings, celery, now=time.time() + 60) == 0
+    assert report_results(Context(settings, celery), now=time.time() + 60) == 0
 
 
 def test_a_failure_the_backend_lacks_is_written_with_its_own_error(settings: Settings) -> None:
@@ -292,7 +293,7 @@ def test_a_failure_the_backend_lacks_is_written_with_its_own_error(settings: Set
                         .values(state=lifecycle.FAILED, result=stored, error="bad page"))
     # when it is reported
     assert report_if_final(settings, task.task_id, delay=0)
-    assert report_results(settings, celery, now=time.time() + 1) == 1
+    assert report_results(Context(settings, celery), now=time.time() + 1) == 1
     # then the caller's .get() raises that error
     with pytest.raises(ValueError, match="bad page"):
         celery.AsyncResult(task.task_id).get(timeout=1)
@@ -328,7 +329,7 @@ def test_an_auction_no_candidate_answered_is_announced_again_then_fails(
             Refusal(task_id=task.task_id, node="scanner", reason="bid failed: store down",
                     failed=True), expected=1, window=task.window)
     # when its window closes
-    close_auction(settings, app(), task.task_id, 1, closed_by="deadline")
+    close_auction(Context(settings, app()), task.task_id, 1, closed_by="deadline")
     # then it is announced again a heartbeat interval later, and the log says why
     found = row(settings, task.task_id)
     assert found.state == lifecycle.DEFERRED and found.spec["silent_rounds"] == 1
@@ -340,7 +341,7 @@ def test_an_auction_no_candidate_answered_is_announced_again_then_fails(
     with write_session(settings.database_url) as session:
         session.execute(update(AnnouncementRow).where(AnnouncementRow.task_id == task.task_id)
                         .values(state=lifecycle.BIDDING, spec=last.model_dump(mode="json")))
-    close_auction(settings, app(), task.task_id, 2, closed_by="deadline")
+    close_auction(Context(settings, app()), task.task_id, 2, closed_by="deadline")
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED and (found.error or "").startswith("No bids received")
 
@@ -353,7 +354,7 @@ def test_an_auction_whose_candidate_refused_fails_at_once(settings: Settings) ->
         Refusal(task_id=task.task_id, node="scanner", reason="too busy"), expected=1,
         window=task.window)
     # when it closes, it fails with the refusal's reason, not announced again
-    close_auction(settings, app(), task.task_id, 1, closed_by="deadline")
+    close_auction(Context(settings, app()), task.task_id, 1, closed_by="deadline")
     found = row(settings, task.task_id)
     assert found.state == lifecycle.FAILED and "too busy" in (found.error or "")
 

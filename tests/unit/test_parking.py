@@ -20,6 +20,7 @@ from sqlalchemy.exc import OperationalError
 from bidding.auction import announce, close, watchdog
 from bidding.cli import main
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
 from bidding.lifecycle.transition import Expect, Log, transition
@@ -107,14 +108,14 @@ def test_unreadable_rows_filling_the_watchdogs_scan_are_parked_and_the_lost_winn
     now = time.time()
     passes = 0
     while stored(settings, real.task_id).state == lifecycle.ASSIGNED and passes < 10:
-        watchdog.check_winners(settings, APP, now + passes)
+        watchdog.check_winners(Context(settings, APP), now + passes)
         passes += 1
     # then the lost winner is re-placed within a few passes (a new auction: nobody else bid)
     assert stored(settings, real.task_id).state == lifecycle.RETRYING
     assert passes <= 4
     # and when the watchdog goes on, every unreadable task ends parked with its reason
     for later in range(3):
-        watchdog.check_winners(settings, APP, now + passes + later)
+        watchdog.check_winners(Context(settings, APP), now + passes + later)
     assert parked(settings, bad) == {f"watchdog: {UNREADABLE}": 120}
     # and each was logged twice (its first failure, its parking), without a traceback
     first = [r for r in caplog.records if bad[0] in r.getMessage()]
@@ -122,7 +123,7 @@ def test_unreadable_rows_filling_the_watchdogs_scan_are_parked_and_the_lost_winn
     assert all(r.exc_info is None for r in first)
     # and a parked task is not read again: another pass logs nothing about it
     caplog.clear()
-    watchdog.check_winners(settings, APP, now + passes + 5)
+    watchdog.check_winners(Context(settings, APP), now + passes + 5)
     assert bad[0] not in caplog.text
 
 
@@ -139,7 +140,7 @@ def test_the_watchdog_scans_the_oldest_awards_first(settings: Settings) -> None:
             )
         ids.append(announcement.task_id)
     # when the watchdog's scan takes one at a time
-    moved = [watchdog.check_winners(settings, APP, limit=1)[0] for _ in ids]
+    moved = [watchdog.check_winners(Context(settings, APP), limit=1)[0] for _ in ids]
     # then they are re-placed oldest award first
     assert moved == [1, 1, 1]
     order = []
@@ -186,7 +187,7 @@ def test_unreadable_auctions_are_parked_by_the_deadline_closer_and_the_others_cl
         )
     # when the deadline closer takes at most 5 auctions a pass, pass after pass
     for n in range(4):
-        close.close_expired(settings, APP, time.time() + n, limit=5)
+        close.close_expired(Context(settings, APP), time.time() + n, limit=5)
     # then the unreadable ones are parked, and the readable one was closed (no bids: failed)
     assert parked(settings, bad) == {f"deadline closer: {UNREADABLE}": 5}
     assert stored(settings, good.task_id).state == lifecycle.FAILED
@@ -223,7 +224,7 @@ def test_unreadable_due_tasks_are_parked_by_the_announcer_and_the_others_announc
         )
     # when the announcer takes at most 3 due tasks a pass, pass after pass
     for n in range(4):
-        announce.announce_due(settings, APP, time.time() + n, limit=3)
+        announce.announce_due(Context(settings, APP), time.time() + n, limit=3)
     # then the unreadable ones are parked, and the readable one was announced (and failed)
     assert parked(settings, bad) == {f"announcer: {UNREADABLE}": 3}
     assert stored(settings, good.task_id).state == lifecycle.FAILED
@@ -239,7 +240,7 @@ def test_an_outage_parks_nothing(settings: Settings, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(watchdog, "replace_winner", store_down)
     # when the watchdog fails on it pass after pass
     for n in range(5):
-        watchdog.check_winners(settings, APP, time.time() + n)
+        watchdog.check_winners(Context(settings, APP), time.time() + n)
     # then it is neither parked nor counted against it
     found = stored(settings, real.task_id)
     assert (found.parked, found.scan_failures) == (None, 0)
@@ -272,7 +273,7 @@ def test_status_shows_a_parked_task_and_reset_puts_it_back(settings: Settings) -
     # given an unreadable task the watchdog parked
     [task_id] = unreadable(settings, 1, lifecycle.ASSIGNED)
     for n in range(3):
-        watchdog.check_winners(settings, APP, time.time() + n)
+        watchdog.check_winners(Context(settings, APP), time.time() + n)
     url = settings.database_url
     runner = CliRunner()
     # when `bidding status` runs

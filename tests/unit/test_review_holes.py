@@ -25,6 +25,7 @@ from bidding.auction.board import RedisBoard, StoreBoard
 from bidding.auction.decision import fallback_pool
 from bidding.auction.reaward import LostWinner
 from bidding.config import Settings, load_settings
+from bidding.context import Context
 from bidding.errors import ConfigurationError, UnknownStrategyError
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
@@ -121,7 +122,7 @@ def test_a_reaward_is_sent_after_its_commit_and_a_failed_send_is_resent_later(
 
     monkeypatch.setattr(reaward_module, "send_execution", broker_down)
     # when the watchdog runs
-    moved, _ = watchdog_module.check_winners(settings, APP)
+    moved, _ = watchdog_module.check_winners(Context(settings, APP))
     # then the move to the next-best bidder is committed, and the send was tried outside the
     # write transaction
     assert moved == 1 and writable == [True]
@@ -161,16 +162,14 @@ def test_one_lost_task_that_cannot_be_handled_does_not_stop_the_others(
     heartbeat(settings, NodeProfile(name="dead", capabilities=["s1"]), now=time.time() - 3600)
     real = watchdog_module.replace_winner
 
-    def flaky_replace(
-        settings_: Settings, app: Any, lost: LostWinner, *args: Any, **kwargs: Any
-    ) -> bool:
+    def flaky_replace(ctx: Context, lost: LostWinner, *args: Any, **kwargs: Any) -> bool:
         if lost.announcement.task_id == first.task_id:
             raise ConnectionError("store hiccup")
-        return real(settings_, app, lost, *args, **kwargs)
+        return real(ctx, lost, *args, **kwargs)
 
     monkeypatch.setattr(watchdog_module, "replace_winner", flaky_replace)
     # when the watchdog runs
-    moved, _ = watchdog_module.check_winners(settings, APP)
+    moved, _ = watchdog_module.check_winners(Context(settings, APP))
     # then the second task was still re-placed, and the failure is in the log
     assert moved == 1
     with read_session(settings.database_url) as session:

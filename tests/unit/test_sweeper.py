@@ -9,6 +9,7 @@ from celery import Celery
 
 from bidding.auction import sweeper
 from bidding.config import load_settings
+from bidding.context import Context
 
 
 def test_a_failing_phase_does_not_stop_the_rest_of_the_sweep(
@@ -27,7 +28,7 @@ def test_a_failing_phase_does_not_stop_the_rest_of_the_sweep(
     monkeypatch.setattr(sweeper, "check_winners",
                         lambda *_: (ran.append("check_winners"), (0, 3))[1])
     # when a sweep runs
-    alive = sweeper.sweep(settings, app)
+    alive = sweeper.sweep(Context(settings, app))
     # then retries and watchdogs still ran, and the failure is in the log
     assert ran == ["announce_due", "check_winners"] and alive == 3
     assert "sweep: broken failed" in caplog.text

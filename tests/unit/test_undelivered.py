@@ -14,6 +14,7 @@ from bidding.auction import award
 from bidding.auction import watchdog as sweeper
 from bidding.auction.reaward import LostWinner, replace_winner
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.execution import dispatch
 from bidding.lifecycle import journal
 from bidding.lifecycle import states as lifecycle
@@ -94,7 +95,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
         closed_by="proxy bids",
     )
     # when the award is routed
-    award.route_award(app, settings, announcement, won)
+    award.route_award(Context(settings, app), announcement, won)
     # then nothing was sent, the log says why, and the task is due for a resend
     assert broker.sent == []
     kind, node, _, detail = log(settings, announcement.task_id)[-1]
@@ -105,7 +106,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     assert "sending it to exec.n1 failed" in caplog.text
 
     # when a sweep runs while the broker is still down
-    moved, _ = sweeper.check_winners(settings, app, now=time.time())
+    moved, _ = sweeper.check_winners(Context(settings, app), now=time.time())
     # then the resend failed too and is put off, and the node still has the task
     assert moved == 0
     kinds = [m[0] for m in log(settings, announcement.task_id)]
@@ -116,7 +117,8 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
 
     # when the broker is back and the put-off time has come
     broker.up = True
-    moved, _ = sweeper.check_winners(settings, app, now=time.time() + sweeper.RESEND_BACKOFF)
+    moved, _ = sweeper.check_winners(Context(settings, app),
+                                     now=time.time() + sweeper.RESEND_BACKOFF)
     # then the task is sent to the same winner, ASSIGNED to it, its delivery checked in a minute
     assert moved == 1 and broker.sent == [(announcement.task_id, NODE)]
     final = row(settings, announcement.task_id)
@@ -127,13 +129,12 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
     # and no failed attempt counts against the node
     assert episodes(settings, announcement.task_id) == []
     # and a later sweep leaves it alone
-    assert sweeper.check_winners(settings, app, now=time.time() + 1)[0] == 0
+    assert sweeper.check_winners(Context(settings, app), now=time.time() + 1)[0] == 0
     # and a sweeper that saw it due before the resend cannot take it from the node, nor
     # send it a second time
     now = time.time()
     assert not replace_winner(
-        settings,
-        app,
+        Context(settings, app),
         LostWinner(
             announcement, announcement.attempt, NODE, lifecycle.ASSIGNED, "late", due_by=now
         ),
@@ -141,7 +142,7 @@ def test_an_award_that_cannot_be_sent_is_sent_again_to_the_same_winner(
         now,
     )
     assert not sweeper.resend(
-        settings, app, sweeper.Winner(announcement, announcement.attempt, NODE), now
+        Context(settings, app), sweeper.Winner(announcement, announcement.attempt, NODE), now
     )
     assert broker.sent == [(announcement.task_id, NODE)]
     assert row(settings, announcement.task_id).assigned_node == NODE
@@ -159,7 +160,7 @@ def test_a_winner_late_to_start_is_still_replaced_not_resent(
     live_node(settings, now=later)
     broker.up = True
     # when a sweep runs after that deadline
-    sweeper.check_winners(settings, app, now=later)
+    sweeper.check_winners(Context(settings, app), now=later)
     # then it is not resent to the same node: the late-start watchdog took it from the node
     assert (announcement.task_id, NODE) not in broker.sent
     messages = log(settings, announcement.task_id)
@@ -184,11 +185,13 @@ def test_a_resender_that_dies_after_sending_leaves_the_task_to_be_sent_again(
 
     with monkeypatch.context() as patch, pytest.raises(SystemExit):
         patch.setattr(sweeper.journal, "record", dies)
-        sweeper.check_winners(settings, app, now=time.time())
+        sweeper.check_winners(Context(settings, app), now=time.time())
     assert len(broker.sent) == 1
     # when other sweeps run before and after its lease runs out
-    assert sweeper.check_winners(settings, app, now=time.time())[0] == 0
-    moved, _ = sweeper.check_winners(settings, app, now=time.time() + sweeper.RESEND_BACKOFF)
+    assert sweeper.check_winners(Context(settings, app), now=time.time())[0] == 0
+    moved, _ = sweeper.check_winners(
+        Context(settings, app), now=time.time() + sweeper.RESEND_BACKOFF
+    )
     # then it is sent again, to the same node (which runs one copy: execution.begin)
     assert moved == 1 and broker.sent == [(announcement.task_id, NODE)] * 2
     assert row(settings, announcement.task_id).assigned_node == NODE
@@ -209,7 +212,7 @@ def test_an_award_whose_message_was_lost_is_sent_again_at_its_delivery_check(
     later = announcement.announced_at + settings.delivery_check_seconds + 1
     live_node(settings, now=later)
     # when a sweep runs after its delivery check is due
-    moved, _ = sweeper.check_winners(settings, app, now=later)
+    moved, _ = sweeper.check_winners(Context(settings, app), now=later)
     # then it is sent again to the same node, saying why, and not blamed on the node
     assert moved == 1 and broker.sent == [(announcement.task_id, NODE)]
     kind, node, _, detail = log(settings, announcement.task_id)[-1]
@@ -248,8 +251,7 @@ def test_a_resend_that_outlasts_its_lease_leaves_the_task_to_the_sweeper_that_to
     monkeypatch.setattr(sweeper, "send_execution", slow_send)
     # when the first sweeper's send returns
     assert sweeper.resend(
-        settings,
-        app,
+        Context(settings, app),
         sweeper.Winner(announcement, announcement.attempt, NODE),
         time.time(),
         "its send failed",

@@ -17,8 +17,6 @@ request is a ``bid_request.BidRequest`` on both; an answer is kept as ``answers.
 
 from __future__ import annotations
 
-from celery import Celery
-
 from bidding.auction.board.answers import (
     answer_message,
     bid_row,
@@ -36,7 +34,7 @@ from bidding.auction.board.protocol import (
 )
 from bidding.auction.board.redis_board import RedisBoard
 from bidding.auction.board.store_board import StoreBoard
-from bidding.config import Settings
+from bidding.context import Context
 
 __all__ = [
     "Answer", "BidBoard", "Posted", "RedisBoard", "RedisConnections", "RequestIntake",
@@ -58,21 +56,21 @@ def redis_url(broker_url: str) -> str | None:
 _boards: dict[tuple[str, str, str], BidBoard] = {}
 
 
-def get_board(settings: Settings, app: Celery) -> BidBoard:
+def get_board(ctx: Context) -> BidBoard:
     """The board ``bidding_bid_board`` names: "auto" (Redis when the broker is Redis, else the
     store), "store", or a Redis URL. One per process and configuration."""
-    broker = str(app.conf.broker_url or "")
-    key = (settings.bid_board, broker, settings.database_url)
+    broker = str(ctx.app.conf.broker_url or "")
+    key = (ctx.settings.bid_board, broker, ctx.settings.database_url)
     found = _boards.get(key)
     if found is not None:
         return found
-    choice = settings.bid_board
+    choice = ctx.settings.bid_board
     board: BidBoard
     if choice == "store":
-        board = StoreBoard(settings.database_url)
+        board = StoreBoard(ctx.settings.database_url)
     elif choice == "auto":
         url = redis_url(broker)
-        board = RedisBoard(url) if url else StoreBoard(settings.database_url)
+        board = RedisBoard(url) if url else StoreBoard(ctx.settings.database_url)
     else:
         url = redis_url(choice)
         # Settings admits only "auto", "store" and the URL schemes redis_url accepts.

@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 import redis
-from celery import Celery
 
 from bidding.auction.award import PROXY_CLOSE, Closing, decide_award, strategy_of
 from bidding.auction.history import lock_states
@@ -23,14 +22,14 @@ from bidding.auction.writebehind.journal import (
     Journal,
     get_journal,
 )
-from bidding.config import Settings
+from bidding.context import Context
 from bidding.models import Announcement, Award
 from bidding.nodes.registry import LiveNode
 from bidding.store import read_session
 
 logger = logging.getLogger(__name__)
 
-def award_behind(settings: Settings, app: Celery, announcement: Announcement,
+def award_behind(ctx: Context, announcement: Announcement,
                  nodes: Sequence[LiveNode]) -> Award | None:
     """Bid for ``nodes`` and award the announcement (a new task with a fresh id) into the
     journal; the caller routes the award. None when the journal is off.
@@ -44,11 +43,11 @@ def award_behind(settings: Settings, app: Celery, announcement: Announcement,
     after a lost reply), may have been taken: the award the journal holds is returned if it
     holds one; else ``AppendUnknown`` says that only the store can tell.
     """
-    journal = get_journal(settings, app)
+    journal = get_journal(ctx)
     if journal is None:
         return None
-    strategy = strategy_of(settings, announcement)
-    inside = answers_inside(settings, announcement, nodes)
+    strategy = strategy_of(ctx.settings, announcement)
+    inside = answers_inside(ctx.settings, announcement, nodes)
     bidders = sorted(set(inside.nodes))
     candidates = [node.name for node in nodes]
 
@@ -57,13 +56,13 @@ def award_behind(settings: Settings, app: Celery, announcement: Announcement,
         # twice (in the store and the set) for a moment, never missed.
         seen = journal.reservations(bidders)
         held = {name: r.count for name, r in seen.items()}
-        with read_session(settings.database_url) as session:
+        with read_session(ctx.settings.database_url) as session:
             known = lock_states(
                 session,
                 bidders,
                 lock=False,
                 task_type=announcement.task_type,
-                since=inside.now - settings.recent_failure_seconds,
+                since=inside.now - ctx.settings.recent_failure_seconds,
             )
             known = {
                 name: replace(state, in_flight=state.in_flight + held.get(name, 0))
@@ -72,7 +71,7 @@ def award_behind(settings: Settings, app: Celery, announcement: Announcement,
             answers = list(inside.make(session, known))
         counts = {name: state.in_flight for name, state in known.items()}
         award = decide_award(
-            settings,
+            ctx.settings,
             announcement,
             strategy,
             answers,

@@ -12,12 +12,11 @@ from textwrap import shorten
 from typing import Any
 
 import redis
-from celery import Celery
 from pydantic import ValidationError
 
 from bidding.auction.board import RedisConnections, get_board, parse_answer
 from bidding.auction.refused import REASON_CHARS, reason_of
-from bidding.config import Settings
+from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal, describe_validation
 
 logger = logging.getLogger(__name__)
@@ -335,19 +334,19 @@ def _pairs(messages: Sequence[Any]) -> list[tuple[str, str]]:
 _journals: dict[tuple[str, str, str], Journal] = {}
 
 
-def get_journal(settings: Settings, app: Celery) -> Journal | None:
+def get_journal(ctx: Context) -> Journal | None:
     """The journal of ``app``'s store, or None when ``bidding_award_journal`` is off or the bid
     board is not Redis (then every award is written in its own transaction)."""
-    if not settings.award_journal:
+    if not ctx.settings.award_journal:
         return None
-    key = (settings.bid_board, str(app.conf.broker_url or ""), settings.database_url)
+    key = (ctx.settings.bid_board, str(ctx.app.conf.broker_url or ""), ctx.settings.database_url)
     found = _journals.get(key)
     if found is not None:
         return found
-    shared = get_board(settings, app).redis
+    shared = get_board(ctx).redis
     if shared is None:
         logger.warning("bidding_award_journal needs the Redis bid board; awards are written "
                        "to the store in their own transaction")
         return None
-    journal = _journals[key] = Journal(shared, settings.database_url)
+    journal = _journals[key] = Journal(shared, ctx.settings.database_url)
     return journal

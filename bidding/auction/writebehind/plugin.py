@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from bidding.auction.writebehind.journal import WINNER_WAIT, WRITER_PAUSE
 from bidding.auction.writebehind.writer import Writer, settle, wait_written
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.lifecycle.plugins import Loop, Plugin
 
 logger = logging.getLogger(__name__)
@@ -28,20 +29,20 @@ class JournalPlugin(Plugin):
         """Write the task's award if it is still only in the journal (a writer that took it
         is given ``WINNER_WAIT`` seconds first)."""
         try:
-            settle(self.settings, self.app, task_id, wait=WINNER_WAIT)
+            settle(Context(self.settings, self.app), task_id, wait=WINNER_WAIT)
         except Exception as exc:  # begin then waits for a writer (row_coming)
             logger.warning("task %s: writing its journaled award failed (%s)", task_id, exc)
 
     def row_coming(self, task_id: str) -> bool:
         """Wait for a writer that holds the task's entry (one taken over after a writer died
         takes up to the reclaim time): True once its row is in the store."""
-        return wait_written(self.settings, self.app, task_id,
+        return wait_written(Context(self.settings, self.app), task_id,
                             2 * self.settings.journal_reclaim_seconds)
 
     def before_read(self, task_id: str) -> None:
         """Write a pending award now, so that the reader shows it."""
         try:
-            settle(self.settings, self.app, task_id)
+            settle(Context(self.settings, self.app), task_id)
         except Exception as exc:  # the store's state is still worth showing
             logger.warning("task %s: its journal entry could not be written (%s)", task_id,
                            exc)

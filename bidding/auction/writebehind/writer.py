@@ -28,6 +28,7 @@ from bidding.auction.writebehind.journal import (
     get_journal,
 )
 from bidding.config import Settings
+from bidding.context import Context
 from bidding.store import read_session, write_session
 from bidding.store.schema import AnnouncementRow
 
@@ -98,7 +99,7 @@ def write_entries(settings: Settings, entries: Sequence[Entry]) -> int:
     return written
 
 
-def settle(settings: Settings, app: Celery, task_id: str, *, wait: float = 0.0) -> bool:
+def settle(ctx: Context, task_id: str, *, wait: float = 0.0) -> bool:
     """Write ``task_id``'s entry now if it is still only in the journal (its winner, before it
     starts; ``explain``, so that it shows the award). True when it was written here.
 
@@ -106,7 +107,7 @@ def settle(settings: Settings, app: Celery, task_id: str, *, wait: float = 0.0) 
     moment it is appended, while the execution is still on its way to the winner, so the
     winner usually finds it written, or being written, and waits rather than writing it too.
     """
-    journal = get_journal(settings, app)
+    journal = get_journal(ctx)
     if journal is None:
         return False
     deadline = time.monotonic() + wait
@@ -121,21 +122,21 @@ def settle(settings: Settings, app: Celery, task_id: str, *, wait: float = 0.0) 
     (entry,) = journal.entries([task_id])
     if not isinstance(entry, Entry):
         return False  # written meanwhile; or unreadable here: left to the writers
-    if write_isolated(settings, [entry]).refused:
+    if write_isolated(ctx.settings, [entry]).refused:
         return False  # the writer that holds it fails its task (it can acknowledge it)
     journal.forget([entry])
     return True
 
 
-def wait_written(settings: Settings, app: Celery, task_id: str, timeout: float) -> bool:
+def wait_written(ctx: Context, task_id: str, timeout: float) -> bool:
     """Wait up to ``timeout`` seconds for ``task_id``'s row, writing its entry if it appears
     in the journal (a winner whose execution outran the award's append). False if it never
     does: the award was lost with a Redis that kept nothing on disk."""
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(redis.RedisError):  # Redis back later: look again
-            settle(settings, app, task_id)
-        with read_session(settings.database_url) as session:
+            settle(ctx, task_id)
+        with read_session(ctx.settings.database_url) as session:
             if session.execute(_PRESENT, {"ids": [task_id]}).first() is not None:
                 return True
         if time.monotonic() >= deadline:
@@ -161,7 +162,7 @@ class Writer:
 
     def run(self) -> int:
         """One pass; returns the number of entries written to the store."""
-        journal = get_journal(self.settings, self.app)
+        journal = get_journal(Context(self.settings, self.app))
         if journal is None:
             time.sleep(BLOCK_MS / 1000)
             return 0
@@ -192,8 +193,7 @@ class Writer:
         written = write_isolated(self.settings, entries)
         for entry, reason in written.refused:
             fail_unrecorded(
-                self.settings,
-                self.app,
+                Context(self.settings, self.app),
                 entry.announcement,
                 entry.candidates,
                 f"the store refused its award ({reason})",
@@ -243,7 +243,7 @@ class Writer:
                 f"{UNREADABLE_GRACE:g}s since it was made (a newer version's?)"
             )
             if (
-                fail_unrecorded(self.settings, self.app, announcement, candidates, reason)
+                fail_unrecorded(Context(self.settings, self.app), announcement, candidates, reason)
                 is Failed.RECORDED
             ):
                 logger.info(
