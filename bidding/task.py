@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, NoReturn
 
@@ -36,11 +35,11 @@ from bidding.auction.history import history_changed
 from bidding.auction.task_options import check_task_class
 from bidding.config import Settings, get_settings
 from bidding.context import Context
-from bidding.errors import DeadlinePassedError
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
 from bidding.execution.report import fail_caller, report_if_final, restore_view
+from bidding.execution.timing import call_delay, past_deadline
 from bidding.lifecycle import events
 from bidding.lifecycle.plugins import Plugin, plugins_of
 from bidding.models import RetryPolicy
@@ -113,7 +112,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
             return super().apply_async(args, kwargs, task_id, producer, link, link_error,
                                        shadow, **options)
         settings = get_settings(self.app)
-        delay = _delay(options)
+        delay = call_delay(options)
         running: execution.Running | None = getattr(self.request, _RUNNING, None)
         if running is not None and task_id == running.task_id:
             # Refused here, as a new call's are.
@@ -217,7 +216,7 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
 
     def _run_body(self, run: execution.Running, args: Any, kwargs: Any) -> Any:
         """The body, unless the attempt reached its node after the task's deadline."""
-        late = _past_deadline(run)
+        late = past_deadline(run)
         if late is not None:
             # It waited in the node's queue too long: the body must not start. Nothing ran,
             # so nothing is charged; the failed episode counts against the node, which took
@@ -298,27 +297,6 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         run: execution.Running | None = getattr(self.request, _RUNNING, None)
         if run is not None:
             run.units = float(units)
-
-
-def _delay(options: Mapping[str, Any]) -> float:
-    countdown = options.get("countdown")
-    if countdown:
-        return max(0.0, float(countdown))
-    eta = options.get("eta")
-    if eta is not None:
-        return max(0.0, float(eta.timestamp()) - time.time())
-    return 0.0
-
-
-def _past_deadline(run: execution.Running) -> DeadlinePassedError | None:
-    """The error of an attempt that reached its node after the task's deadline, else None."""
-    deadline = run.announcement.deadline if run.announcement is not None else None
-    now = clock.now()
-    if deadline is None or now < deadline:
-        return None
-    return DeadlinePassedError(
-        f"deadline passed {now - deadline:.3f}s before the task could start on {run.node}"
-    )
 
 
 @task_revoked.connect  # type: ignore[untyped-decorator]  # Celery is untyped
