@@ -7,12 +7,12 @@ import contextlib
 import os
 import re
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bidding.config import Settings
+from bidding.nodes.federation import descendants
 from bidding.nodes.heartbeat import heartbeat, mark_offline
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
@@ -51,24 +51,6 @@ def require(service: str, available: bool, reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{message} (required under CI=true)")
     pytest.skip(message)
-
-
-def descendants(pid: int) -> list[int]:
-    """Every live process started by ``pid``, its children's children included (from /proc:
-    a demo's node workers and services run in sessions of their own, so its process group
-    does not hold them)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            # The command name (2nd field) may hold spaces: the parent's pid follows its ")".
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 def kill_tree(pid: int) -> None:

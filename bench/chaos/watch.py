@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.chaos.verdict import Outcome
+from bidding.nodes.federation import descendants
 
 #: Seconds between two looks at the pending outcomes, and between two samples of memory
 #: and size.
@@ -115,26 +116,12 @@ class OutcomeWatcher:
 def rss_kb(pid: int) -> int:
     """Resident memory of ``pid`` and every process under it, in KiB (0 when gone)."""
     total = 0
-    for member in [pid, *_descendants(pid)]:
+    for member in [pid, *descendants(pid)]:
         with contextlib.suppress(OSError, ValueError):
             for line in Path(f"/proc/{member}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     total += int(line.split()[1])
     return total
-
-
-def _descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
 
 
 @dataclass

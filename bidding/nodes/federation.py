@@ -23,6 +23,24 @@ from bidding.nodes.profile import load_profile
 from bidding.nodes.registry import invalidate_cache, query_live_nodes
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live process started by ``pid``, its children's children included (read from
+    /proc: a worker's pool processes, a demo's node workers, which run in sessions of their
+    own, so a process group does not hold them)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The command name (2nd field) may hold spaces: the parent's pid follows its ")".
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
     """SIGTERM a process group we started (``start_new_session=True``), then SIGKILL if it
     lingers after ``timeout`` seconds."""
