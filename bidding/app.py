@@ -40,6 +40,7 @@ from bidding.nodes.profile import (
 from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
+from bidding.store.outage import outlasting
 from bidding.strategies.resolver import resolve_strategy
 
 logger = logging.getLogger(__name__)
@@ -141,13 +142,19 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
             queues.deselect(bid_queue(profile.name))
             logger.info("%s is read by the bid consumer, not the task pool",
                         bid_queue(profile.name))
+        url = settings.database_url
         if settings.auto_migrate:
-            ensure_schema(settings.database_url)
+            # (A dropped store connection at start-up is waited out, as everywhere: the worker
+            # would exit otherwise, and its supervisor start it again for nothing.)
+            outlasting(url, "the store's schema", lambda: ensure_schema(url))
         # A new incarnation of this worker's name, registered before any consumer starts (so
         # no attempt this worker begins is taken for its predecessor's). The attempts of an
         # earlier incarnation under the same name are lost: handled off the start-up path.
+        # (Registered again after a lost reply, it finds its own row: the watchdog then knows
+        # the predecessor's attempts lost by their boot id.)
         me = incarnation.begin(worker.hostname, profile.name, _slots(worker))
-        earlier = incarnation.register(settings, me)
+        earlier = outlasting(url, f"registering worker {worker.hostname}",
+                             lambda: incarnation.register(settings, me))
         if earlier is not None:
             threading.Thread(target=_handle_ended, args=(settings, earlier),
                              name="bidding-predecessor", daemon=True).start()
