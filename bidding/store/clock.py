@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 SYNC_EVERY = 30.0
 #: Seconds before a reading that failed is tried again.
 RETRY_AFTER = 5.0
+#: Seconds after which a reading that could not be refreshed is worth a warning.
+STALE_AFTER = 10 * SYNC_EVERY
 #: Seconds a thread waits for another thread's first reading of a store before going on
 #: with the clock it has.
 FIRST_READ_WAIT = 5.0
@@ -84,9 +86,12 @@ def _read(source: str, engine: Engine, *, local: bool) -> None:
         _retry_at[source] = time.monotonic() + RETRY_AFTER
         first = (str(exc).strip().splitlines() or [""])[0]
         # Before the first reading the session that follows meets the same error and says
-        # so; a refresh that fails is this module's own news.
-        had = clock.current() is not None
-        logger.log(logging.WARNING if had else logging.INFO,
+        # so, and a refresh that fails now and then (a dropped connection) changes nothing:
+        # the previous reading stays right. A reading kept far longer than planned is news.
+        previous = clock.current()
+        had = previous is not None
+        stale = previous is not None and time.monotonic() - previous.monotonic > STALE_AFTER
+        logger.log(logging.WARNING if stale else logging.INFO,
                    "could not read the store's clock (%s: %s); keeping %s, trying again in "
                    "%gs", type(exc).__name__, first,
                    "the previous reading" if had else "this host's clock", RETRY_AFTER)
