@@ -1,7 +1,7 @@
-"""The chaos soak, CI-sized (``bench/soak.py`` runs the full one): about 100 tasks over node
-workers on PostgreSQL (and again on SQLite) and a Redis broker of the test's own, while three
-workers are SIGKILLed and restarted a second later and the broker restarts once (and, on
-PostgreSQL, every connection to the store is severed every 2 s). The node workers run with
+"""The chaos soak, CI-sized (``bench/soak.py`` runs the full one): tasks over node workers on
+PostgreSQL (a timed minute, pruning as it goes) and on SQLite (100 tasks, twice) and a Redis
+broker of the test's own, while workers are SIGKILLed and restarted a second later and the
+broker restarts once (and, on PostgreSQL, every connection to the store is severed every 2 s). The node workers run with
 the library's default timings. Every task
 ``.delay()`` accepted must end in its right final state in the store and at its caller, and
 any body that ran twice must be explained by a kill between its end and its recorded
@@ -37,28 +37,36 @@ def require_postgres() -> None:
 
 # The soak waits up to its own timeout (240 s) for a lost caller, then reports the task with
 # its state in the store: pytest's default (120 s) would cut that report off.
-@pytest.mark.timeout(330)
-def test_a_short_chaos_soak_loses_nothing(tmp_path: Path) -> None:
+@pytest.mark.timeout(400)
+def test_a_timed_chaos_soak_with_a_short_retention_loses_nothing(tmp_path: Path) -> None:
     require_postgres()
-    # given 100 tasks at 6 a second over 4 nodes, every 10th failing on purpose
-    config = SoakConfig(tasks=100, nodes=4, rate=6.0, kills=3, kill_every=4.0,
-                        broker_restarts=1, store_restarts=0, sever_every=2.0, timeout=240.0)
-    # when three workers are killed and restarted and the broker restarts meanwhile, while
-    # every connection to the store is ended every 2 s (a failover, a PgBouncer restart)
+    # given a minute of tasks at 6 a second over 4 nodes, every 10th failing on purpose, the
+    # nodes pruning what finished more than 15 s ago as they go (bench/soak.py --minutes 30
+    # is the long one: bench/RESULTS.md)
+    config = SoakConfig(nodes=4, rate=6.0, minutes=1.0, kill_every=12.0, broker_restarts=1,
+                        store_restarts=0, sever_every=2.0, retention_seconds=15.0,
+                        timeout=240.0)
+    # when workers are killed and restarted every 12 s and the broker restarts meanwhile,
+    # while every connection to the store is ended every 2 s (a failover, a PgBouncer restart)
     result = run(config, tmp_path)
     text = report(result)
-    # then the faults happened, and every accepted task is right in the store and at its
-    # caller, with nothing half-recorded and every second run explained
-    assert sum(f.startswith("kill") for f in result.faults) == 3, text
+    # then the faults happened, and every accepted task is right in the store (as it was
+    # when it ended) and at its caller, with nothing half-recorded and every second run
+    # explained
+    assert sum(f.startswith("kill") for f in result.faults) >= 4, text
     assert any(f.startswith("broker") for f in result.faults), text
-    assert sum(f.startswith("sever") for f in result.faults) >= 5, text
+    assert sum(f.startswith("sever") for f in result.faults) >= 20, text
     assert not result.chaos_errors, text
     assert result.verdict.ok, text
-    assert result.verdict.accepted >= 80, text
+    assert result.verdict.accepted >= 300, text
+    # and the retention kept the store's size bounded: it ran, and the store never held the
+    # run's every task
+    assert result.prunes >= 2, text
+    assert result.most_rows["bidding_announcements"] < result.verdict.accepted * 3 // 4, text
     # and the protocol checker finds every task's message log in order, faults and all
     assert result.protocol is not None, text
     assert result.protocol.violations == [], text
-    assert result.protocol.tasks >= result.verdict.accepted, text
+    assert result.protocol.tasks > 0, text
 
 
 @pytest.mark.timeout(600)
