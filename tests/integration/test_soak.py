@@ -1,11 +1,11 @@
 """The chaos soak, CI-sized (``bench/soak.py`` runs the full one): tasks over node workers on
 PostgreSQL (a timed minute, pruning as it goes) and on SQLite (100 tasks, twice) and a Redis
 broker of the test's own, while workers are SIGKILLed and restarted a second later and the
-broker restarts once (and, on PostgreSQL, every connection to the store is severed every 2 s). The node workers run with
-the library's default timings. Every task
-``.delay()`` accepted must end in its right final state in the store and at its caller, and
-any body that ran twice must be explained by a kill between its end and its recorded
-completion; and the protocol checker must find every task's message log in order."""
+broker restarts once (and, on PostgreSQL, every connection to the store is severed every 2 s).
+The node workers run with the library's default timings. Every task ``.delay()`` accepted
+must end in its right final state in the store and at its caller, and any body that ran twice
+must be explained by a kill between its end and its recorded completion; and the protocol
+checker must find every task's message log in order."""
 
 from __future__ import annotations
 
