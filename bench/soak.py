@@ -235,6 +235,7 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
         watcher.finish(started + config.submit_seconds + config.timeout)
         settle_seconds = time.time() - settle
         sampler.stop()
+        sampler.save(folder / "samples.jsonl")
         store, caller = watcher.store, watcher.caller
         journal, unfinished = _read_store(database_url, [s.task_id for s in submitted])
         protocol = check_log(database_url)
@@ -258,15 +259,20 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
                               for f in chaos.faults],
                       chaos_errors=chaos.errors, seconds=time.time() - started,
                       settle_seconds=settle_seconds, journaled=journaled,
-                      memory=(sampler.memory_growth(_warm_up(config)) if config.minutes > 0
-                              else []),
+                      memory=(sampler.memory_growth(WARM_UP, _lived(config))
+                              if config.minutes > 0 else []),
                       most_rows=sampler.most_rows(), prunes=prunes)
 
 
-def _warm_up(config: SoakConfig) -> float:
-    """Seconds of a timed soak after which a worker's memory should stay flat: a fifth of
-    the run, at least two minutes (imports, caches and pools filled)."""
-    return max(120.0, config.submit_seconds / 5)
+#: Seconds after a worker process starts before its memory should stay flat (imports,
+#: caches, pools filled).
+WARM_UP = 120.0
+
+
+def _lived(config: SoakConfig) -> float:
+    """How long after its warm-up a worker must have lived to have its memory reported: a
+    third of the run (the kills and the broker's restarts end most workers sooner)."""
+    return config.submit_seconds / 3
 
 
 def _prunes(database_url: str) -> int:
@@ -379,8 +385,8 @@ def report(result: SoakResult) -> str:
                 f"{t.removeprefix('bidding_')} {n}" for t, n in result.most_rows.items())
             + f"; the retention job ran {result.prunes} time(s)"]),
         *([] if not result.memory else [
-            "- memory of the workers alive from the warm-up to the end (RSS, with their pool "
-            "processes): " + "; ".join(
+            f"- memory of the workers that lived {_lived(c) / 60:.0f} min or more past their "
+            "two-minute warm-up (RSS, with their pool processes): " + "; ".join(
                 f"{node} {first / 1024:.0f} -> {last / 1024:.0f} MiB ({growth:+.1f}%)"
                 for node, _, first, last, growth in result.memory)]),
         f"- verdict: {'held' if v.ok else 'FAILED'}"

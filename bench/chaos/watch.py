@@ -5,6 +5,7 @@ memory and the store's size."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -176,26 +177,31 @@ class Sampler:
                         for t in COUNTED}
         self.samples.append(Sample(time.time(), rss, rows))
 
-    def memory_growth(self, warm_up: float) -> list[tuple[str, int, int, int, float]]:
-        """Per worker process that lived, after ``warm_up`` seconds, through at least half of
-        the rest of the run: (node, pid, KiB at its first sample then, KiB at its last, growth
-        in %). A worker killed and started again is a new process, warmed up anew."""
-        if not self.samples:
-            return []
-        start = self.samples[0].at + warm_up
-        after = [s for s in self.samples if s.at >= start]
-        if len(after) < 2:
-            return []
-        span = after[-1].at - after[0].at
+    def memory_growth(self, warm_up: float, lived: float
+                      ) -> list[tuple[str, int, int, int, float]]:
+        """Per worker process sampled for at least ``lived`` seconds after its own warm-up
+        (``warm_up`` seconds after it was first seen: a worker killed and started again is a
+        new process, warmed up anew): (node, pid, KiB then, KiB at its last sample, growth
+        in %)."""
         seen: dict[tuple[str, int], list[tuple[float, int]]] = {}
-        for sample in after:
+        for sample in self.samples:
             for key, kb in sample.rss.items():
                 if kb > 0:
                     seen.setdefault(key, []).append((sample.at, kb))
-        return [(node, pid, points[0][1], points[-1][1],
-                 100.0 * (points[-1][1] - points[0][1]) / points[0][1])
-                for (node, pid), points in sorted(seen.items())
-                if len(points) >= 2 and points[-1][0] - points[0][0] >= span / 2]
+        grown = []
+        for (node, pid), points in sorted(seen.items()):
+            warm = [(at, kb) for at, kb in points if at >= points[0][0] + warm_up]
+            if len(warm) >= 2 and warm[-1][0] - warm[0][0] >= lived:
+                grown.append((node, pid, warm[0][1], warm[-1][1],
+                              100.0 * (warm[-1][1] - warm[0][1]) / warm[0][1]))
+        return grown
+
+    def save(self, path: Path) -> None:
+        """Every sample, one JSON line each (time, RSS in KiB by node and pid, row counts)."""
+        with path.open("w") as out:
+            for sample in self.samples:
+                out.write(json.dumps({"at": sample.at, "rows": sample.rows, "rss": [
+                    [node, pid, kb] for (node, pid), kb in sample.rss.items()]}) + "\n")
 
     def most_rows(self) -> dict[str, int]:
         """Each counted table's largest row count over the run."""
