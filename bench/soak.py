@@ -382,7 +382,10 @@ def report(result: SoakResult) -> str:
         f"- protocol checker: {_protocol(result.protocol)}",
         *([] if not result.most_rows else [
             "- the store's largest row counts: " + ", ".join(
-                f"{t.removeprefix('bidding_')} {n}" for t, n in result.most_rows.items())
+                f"{t.removeprefix('bidding_')} {n}" for t, n in result.most_rows.items()
+                if t != "bytes")
+            + (f"; its size at most {result.most_rows['bytes'] / 2**20:.1f} MiB"
+               if "bytes" in result.most_rows else "")
             + f"; the retention job ran {result.prunes} time(s)"]),
         *([] if not result.memory else [
             f"- memory of the workers that lived {_lived(c) / 60:.0f} min or more past their "

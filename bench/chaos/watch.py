@@ -114,6 +114,12 @@ class OutcomeWatcher:
             self.caller[task_id] = caller_outcome(result, 0.1)
 
 
+def _sqlite_files(database_url: str) -> list[Path]:
+    """A SQLite store's file and its WAL, where they exist."""
+    name = database_url.split("///", 1)[-1]
+    return [p for p in (Path(name), Path(name + "-wal")) if p.exists()]
+
+
 def rss_kb(pid: int) -> int:
     """Resident memory of ``pid`` and every process under it, in KiB (0 when gone)."""
     total = 0
@@ -175,6 +181,11 @@ class Sampler:
             with read_session(self.database_url) as session:
                 rows = {t: int(session.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                         for t in COUNTED}
+                # The store's size on disk (its tables and indexes), under a key of its own.
+                rows["bytes"] = (int(session.execute(text(
+                    "SELECT pg_database_size(current_database())")).scalar_one())
+                    if session.get_bind().dialect.name == "postgresql"
+                    else sum(f.stat().st_size for f in _sqlite_files(self.database_url)))
         self.samples.append(Sample(time.time(), rss, rows))
 
     def memory_growth(self, warm_up: float, lived: float
