@@ -35,6 +35,9 @@ from bidding.store import write_session
 
 logger = logging.getLogger(__name__)
 
+#: Runs an award elsewhere (a bid thread) so that the answering thread takes the next request.
+Defer = Callable[[Callable[[], None]], None]
+
 
 def request_bids(ctx: Context, announcement: Announcement,
                  candidates: Sequence[str], *, expected: int | None = None,
@@ -70,7 +73,7 @@ def answer(
     ctx: Context,
     profile: NodeProfile | None,
     request: BidRequest,
-    defer: Callable[..., Any] | None = None,
+    defer: Defer | None = None,
     bidder: NodeBidder | None = None,
 ) -> Bid | Refusal | None:
     """Answer one bid request and record the answer; never raises. None when dropped, or
@@ -161,7 +164,7 @@ def refuse(
     ctx: Context,
     request: BidRequest,
     reason: str,
-    defer: Callable[..., Any] | None = None,
+    defer: Defer | None = None,
 ) -> Refusal | None:
     """Answer ``request`` at once with a refusal that says ``reason`` (the node could not bid:
     no verdict on the task) and record it; never raises. None when the request is dropped."""
@@ -189,7 +192,7 @@ def record_answer(
     announcement: Announcement,
     response: Bid | Refusal,
     expected: int,
-    defer: Callable[..., Any] | None = None,
+    defer: Defer | None = None,
     *,
     full: bool = True,
 ) -> None:
@@ -212,11 +215,11 @@ def record_answer(
                 )
         return
     if posted.complete:
-        (defer or _now)(_close, ctx.settings, ctx.app, announcement, expected, full)
+        (defer or _now)(lambda: _close(ctx, announcement, expected, full))
 
 
-def _now(fn: Callable[..., Any], *args: Any) -> Any:
-    return fn(*args)
+def _now(award: Callable[[], None]) -> None:
+    award()
 
 
 def _close(
@@ -259,7 +262,7 @@ class BidThreads:
     def submit(self, request: BidRequest) -> bool:
         """Answer ``request`` on a bid thread; False when it was refused at once instead."""
         if self.pool.try_submit(
-            answer, self.settings, self.app, self.profile, request, bidder=self.bidder
+            answer, Context(self.settings, self.app), self.profile, request, bidder=self.bidder
         ):
             if self._overloaded:
                 self._overloaded = False
@@ -285,10 +288,10 @@ class BidThreads:
             bidder=self.bidder,
         )
 
-    def defer(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on a bid thread, or here when every one is taken."""
-        if not self.pool.try_submit(fn, *args):
-            fn(*args)
+    def defer(self, award: Callable[[], None]) -> None:
+        """Run ``award()`` on a bid thread, or here when every one is taken."""
+        if not self.pool.try_submit(award):
+            award()
 
     def shutdown(self) -> None:
         """Finish the bids in progress; drop those waiting."""

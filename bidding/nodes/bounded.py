@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, ParamSpec
+
+P = ParamSpec("P")
 
 
 class BoundedPool:
@@ -29,7 +31,7 @@ class BoundedPool:
         """Calls running or waiting now."""
         return self._held
 
-    def try_submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    def try_submit(self, fn: Callable[P, Any], *args: P.args, **kwargs: P.kwargs) -> bool:
         """Run ``fn(*args, **kwargs)`` on the pool; False (and nothing runs) when it is full."""
         with self._lock:
             if self._held >= self.threads + self.queue:

@@ -183,7 +183,7 @@ def test_a_duplicated_award_executes_the_task_once(cluster: Cluster) -> None:
         # deadline sweeper when the window ends
         threads = [
             threading.Thread(target=close_auction,
-                             args=(cluster.settings, cluster.app, result.id, 1, "test"))
+                             args=(Context(cluster.settings, cluster.app), result.id, 1, "test"))
             for _ in range(6)
         ]
         for t in threads:

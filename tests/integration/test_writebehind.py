@@ -137,7 +137,7 @@ def test_a_caller_killed_after_its_award_still_gets_its_task_run(journaled: Clus
         import bidding.auction.routes as routes
         from tests.integration.app import shared
 
-        def killed(app, settings, announcement, award):
+        def killed(ctx, announcement, award):
             print(announcement.task_id, flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
