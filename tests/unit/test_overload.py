@@ -66,9 +66,7 @@ def test_a_bid_request_arriving_at_a_full_queue_is_refused_at_once_saying_the_no
     busy, release = threading.Event(), threading.Event()
     answered: list[str] = []
 
-    def slow_answer(
-        settings_: Any, app_: Any, profile: Any, request: BidRequest, **kwargs: Any
-    ) -> None:
+    def slow_answer(ctx: Any, profile: Any, request: BidRequest, **kwargs: Any) -> None:
         busy.set()
         assert release.wait(30)
         answered.append(request.announcement.task_id)
@@ -119,7 +117,7 @@ def test_an_award_finding_the_bid_threads_full_runs_on_the_thread_that_completed
         assert threads.pool.try_submit(release.wait, 30)
         # when an answer completes an auction and hands its award over
         ran: list[str] = []
-        threads.defer(lambda name: ran.append(name), threading.current_thread().name)
+        threads.defer(lambda: ran.append(threading.current_thread().name))
         # then the award is not dropped: it ran at once, on the thread that completed it
         assert ran == [threading.current_thread().name]
     finally:
