@@ -22,6 +22,7 @@ from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import query_live_nodes
 from bidding.store import read_session, write_session
 from bidding.store.schema import AnnouncementRow, Episode, LedgerEntry, Message
+from tests.stored import add_announcement
 
 NODE = "n1"
 PRICE = 0.5
@@ -31,29 +32,9 @@ def assigned(settings: Settings, *, node: str = NODE, **fields: Any) -> Announce
     """An announcement in state ASSIGNED to ``node`` (as announce and the award leave it)."""
     announcement = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
                        required_skills=["s1", "s2"], **fields)
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=announcement.task_id,
-                task_name=announcement.task_name,
-                task_type=announcement.task_type,
-                content=announcement.content,
-                required_skills=announcement.required_skills,
-                budget=announcement.budget,
-                strategy=announcement.strategy,
-                spec=announcement.model_dump(mode="json"),
-                state=lifecycle.ASSIGNED,
-                attempt=announcement.attempt,
-                candidates=[node],
-                expected_bids=1,
-                announced_at=announcement.announced_at,
-                closes_at=announcement.announced_at + announcement.window,
-                due_at=announcement.announced_at + 30,
-                assigned_node=node,
-                awarded_at=announcement.announced_at,
-            )
-        )
-    return announcement
+    return add_announcement(settings.database_url, announcement, lifecycle.ASSIGNED, [node],
+                            due_at=announcement.announced_at + 30, assigned_node=node,
+                            awarded_at=announcement.announced_at)
 
 
 def log(settings: Settings, task_id: str) -> list[tuple[str, str | None, int, dict[str, Any]]]:

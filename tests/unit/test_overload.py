@@ -23,8 +23,7 @@ from bidding.lifecycle import states as lifecycle
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.timed import Overloaded, TimedCalls
-from bidding.store import write_session
-from bidding.store.schema import AnnouncementRow
+from tests.stored import add_announcement
 
 NODE = "n1"
 PROFILE = NodeProfile(name=NODE, capabilities=["s1"])
@@ -34,23 +33,8 @@ def open_auction_row(settings: Settings) -> Announcement:
     """An auction open for bids, in the store (as the store board needs it)."""
     announcement = Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
                        required_skills=["s1"], window=60.0)
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=announcement.task_id,
-                task_name=announcement.task_name,
-                task_type=announcement.task_type,
-                strategy=announcement.strategy,
-                spec=announcement.model_dump(mode="json"),
-                state=lifecycle.BIDDING,
-                attempt=1,
-                candidates=[NODE],
-                expected_bids=2,
-                announced_at=announcement.announced_at,
-                closes_at=announcement.announced_at + announcement.window,
-            )
-        )
-    return announcement
+    return add_announcement(settings.database_url, announcement, lifecycle.BIDDING, [NODE],
+                            expected_bids=2)
 
 
 def test_a_bid_request_arriving_at_a_full_queue_is_refused_at_once_saying_the_node_is_overloaded(

@@ -18,6 +18,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 
 from bidding.auction import announce, close, watchdog
+from bidding.auction.opening import row_values
 from bidding.cli import main
 from bidding.config import Settings
 from bidding.context import Context
@@ -27,6 +28,7 @@ from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
 from bidding.store.schema import AnnouncementRow
+from tests.stored import add_announcement
 from tests.unit.test_execution import assigned
 
 APP = Celery("t", broker="memory://", set_as_current=False)
@@ -46,24 +48,13 @@ def unreadable(settings: Settings, count: int, state: str, *, node: str = "dead"
             announcement = Announcement(task_id=f"future-{n:04d}-{uuid.uuid4().hex[:8]}",
                                task_name="t.noop", task_type="noop", announced_at=at + n)
             in_flight = state in lifecycle.IN_FLIGHT_STATES
-            session.add(
-                AnnouncementRow(
-                    task_id=announcement.task_id,
-                    task_name=announcement.task_name,
-                    task_type=announcement.task_type,
-                    strategy=announcement.strategy,
-                    spec={**announcement.model_dump(mode="json"), **FROM_THE_FUTURE},
-                    state=state,
-                    attempt=1,
-                    candidates=[node],
-                    expected_bids=1,
-                    announced_at=at + n,
-                    closes_at=at + n + announcement.window,
-                    assigned_node=node if in_flight else None,
-                    awarded_at=at + n if in_flight else None,
-                    due_at=at + n if state in lifecycle.DUE_STATES else None,
-                )
-            )
+            session.add(AnnouncementRow(**{
+                **row_values(announcement, state, [node]),
+                "spec": {**announcement.model_dump(mode="json"), **FROM_THE_FUTURE},
+                "assigned_node": node if in_flight else None,
+                "awarded_at": at + n if in_flight else None,
+                "due_at": at + n if state in lifecycle.DUE_STATES else None,
+            }))
             ids.append(announcement.task_id)
     return ids
 
@@ -166,25 +157,11 @@ def test_unreadable_auctions_are_parked_by_the_deadline_closer_and_the_others_cl
     # given 5 open auctions past their window that this version cannot read, and one it can,
     # which closes last
     bad = unreadable(settings, 5, lifecycle.BIDDING)
-    good = Announcement(
-        task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop", announced_at=9000.0
-    )
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=good.task_id,
-                task_name=good.task_name,
-                task_type=good.task_type,
-                strategy=good.strategy,
-                spec=good.model_dump(mode="json"),
-                state=lifecycle.BIDDING,
-                attempt=1,
-                candidates=[],
-                expected_bids=0,
-                announced_at=9000.0,
-                closes_at=9002.0,
-            )
-        )
+    good = add_announcement(
+        settings.database_url,
+        Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
+                     announced_at=9000.0, window=2.0),
+        lifecycle.BIDDING, [])
     # when the deadline closer takes at most 5 auctions a pass, pass after pass
     for n in range(4):
         close.close_expired(Context(settings, APP), time.time() + n, limit=5)
@@ -199,29 +176,11 @@ def test_unreadable_due_tasks_are_parked_by_the_announcer_and_the_others_announc
     # given 3 deferred tasks due that this version cannot read, and one it can, due after them
     # (no node can do it: it fails when announced)
     bad = unreadable(settings, 3, lifecycle.DEFERRED)
-    good = Announcement(
-        task_id=str(uuid.uuid4()),
-        task_name="t.noop",
-        task_type="noop",
-        required_skills=["nobody_has_it"],
-    )
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=good.task_id,
-                task_name=good.task_name,
-                task_type=good.task_type,
-                strategy=good.strategy,
-                spec=good.model_dump(mode="json"),
-                state=lifecycle.DEFERRED,
-                attempt=1,
-                candidates=[],
-                expected_bids=0,
-                announced_at=9000.0,
-                closes_at=9002.0,
-                due_at=9000.0,
-            )
-        )
+    good = add_announcement(
+        settings.database_url,
+        Announcement(task_id=str(uuid.uuid4()), task_name="t.noop", task_type="noop",
+                     required_skills=["nobody_has_it"], announced_at=9000.0, window=2.0),
+        lifecycle.DEFERRED, [], due_at=9000.0)
     # when the announcer takes at most 3 due tasks a pass, pass after pass
     for n in range(4):
         announce.announce_due(Context(settings, APP), time.time() + n, limit=3)

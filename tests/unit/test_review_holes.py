@@ -36,6 +36,7 @@ from bidding.nodes.registry import LiveNode, invalidate_cache
 from bidding.store import read_session, write_session
 from bidding.store.schema import AnnouncementRow, BidRow
 from bidding.strategies import AgentJudgment, Judgment, resolve_strategy
+from tests.stored import add_announcement
 from tests.unit.test_execution import assigned, log
 
 APP = Celery("t", broker="memory://", set_as_current=False)
@@ -62,24 +63,7 @@ def bid(announcement: Announcement, node: str, **fields: Any) -> Bid:
 
 def bidding_row(settings: Settings, announcement: Announcement, candidates: list[str]) -> None:
     """``announcement``'s auction, open for bids, in the store."""
-    with write_session(settings.database_url) as session:
-        session.add(
-            AnnouncementRow(
-                task_id=announcement.task_id,
-                task_name=announcement.task_name,
-                task_type=announcement.task_type,
-                content=announcement.content,
-                required_skills=announcement.required_skills,
-                strategy=announcement.strategy,
-                spec=announcement.model_dump(mode="json"),
-                state=lifecycle.BIDDING,
-                attempt=announcement.attempt,
-                candidates=candidates,
-                expected_bids=len(candidates),
-                announced_at=announcement.announced_at,
-                closes_at=announcement.announced_at + announcement.window,
-            )
-        )
+    add_announcement(settings.database_url, announcement, lifecycle.BIDDING, candidates)
 
 
 def make_announcement(**fields: Any) -> Announcement:
