@@ -13,7 +13,13 @@ from typing import Any
 
 import click
 from celery import Celery, bootsteps
-from celery.signals import worker_process_init
+from celery.signals import (
+    task_failure,
+    task_prerun,
+    task_retry,
+    worker_process_init,
+    worker_ready,
+)
 
 from bidding.auction.bidder import node_bidder
 from bidding.auction.consumer import BidConsumerStep
@@ -28,7 +34,7 @@ from bidding.execution.final_results import keep_final_results_final
 from bidding.execution.result_wait import close_the_resubscribe_gap
 from bidding.graphs.plugin import GraphPlugin
 from bidding.lifecycle.plugins import use
-from bidding.nodes import incarnation
+from bidding.nodes import garbage, incarnation
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import (
     PROFILE_ENV,
@@ -293,6 +299,25 @@ class HeartbeatStep(_NodeLoopStep):
 
 @worker_process_init.connect  # type: ignore[untyped-decorator]
 def _fresh_engines_in_child(**_: Any) -> None:
-    """A forked pool process must not share its parent's database connections."""
+    """A forked pool process must not share its parent's database connections; what its
+    start-up made is left out of later collections (nodes/garbage.py)."""
     reset_after_fork()
+    garbage.freeze_start_up()
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _frozen_start_up(**_: Any) -> None:
+    """The worker's main process (where a solo or threads pool runs its tasks) too."""
+    garbage.freeze_start_up()
+
+
+@task_failure.connect  # type: ignore[untyped-decorator]
+@task_retry.connect  # type: ignore[untyped-decorator]
+def _note_failure(**_: Any) -> None:
+    garbage.task_failed()
+
+
+@task_prerun.connect  # type: ignore[untyped-decorator]
+def _collect_after_failure(**_: Any) -> None:
+    garbage.before_task()
 

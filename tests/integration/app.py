@@ -274,3 +274,25 @@ def nap(self: Any, seconds: float, label: str, key: str = "") -> dict[str, Any]:
 def broken(self: Any, message: str) -> dict[str, Any]:
     """Always fails with ``message``."""
     raise ValueError(message)
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="doomed",
+          required_skills=["doomed"], bidding={"min_confidence": 0.0, "min_trust": 0.0})
+def doomed(self: Any, n: int) -> None:
+    """Fails on purpose, saying in which process (the memory test's failures; its own task
+    type, so that no other test's nodes learn from it)."""
+    counters().rpush("doomed:pids", os.getpid())
+    raise ValueError(f"doomed {n}")
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="census",
+          required_skills=["doomed"], bidding={"min_trust": 0.0})
+def census(self: Any) -> dict[str, int]:
+    """How many of Celery's exception infos (one per failed task, until collected) this pool
+    process still holds, without collecting anything itself."""
+    import gc
+
+    from billiard.einfo import ExceptionInfo
+
+    held = sum(isinstance(o, ExceptionInfo) for o in gc.get_objects())
+    return {"pid": os.getpid(), "exception_infos": held}
