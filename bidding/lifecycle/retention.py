@@ -31,7 +31,7 @@ from bidding import clock
 from bidding.config import Settings
 from bidding.lifecycle import jobs, states
 from bidding.store import read_session, write_session
-from bidding.store.engine import is_sqlite
+from bidding.store.engine import get_engine, is_sqlite
 from bidding.store.schema import (
     AnnouncementRow,
     BidRow,
@@ -138,7 +138,32 @@ def prune(settings: Settings, older_than: float, *, dry_run: bool = False,
     with write_session(settings.database_url) as session:
         pruned.workers = _deleted(session, delete(Worker).where(_ENDED_WORKERS),
                                   {"cutoff": cutoff})
+    _vacuum(settings.database_url, pruned)
     return pruned
+
+
+#: Each kind of row a prune deletes, and its table.
+_TABLES = {"tasks": AnnouncementRow, "bids": BidRow, "messages": Message,
+           "ledger_entries": LedgerEntry, "graphs": Graph, "graph_steps": GraphStep,
+           "episodes": Episode, "workers": Worker}
+
+
+def _vacuum(url: str, pruned: Pruned) -> None:
+    """On PostgreSQL, VACUUM the tables a prune deleted from, so that their space is used
+    again at once. Autovacuum does it too where it runs, but a server with it off (or behind)
+    grew by the deleted rows at every prune: 230 MiB in a 30-minute soak whose rows stayed
+    under a thousand tasks. Plain VACUUM: it takes no lock that writers wait for. SQLite
+    reuses a deleted page without it."""
+    tables = sorted(_TABLES[kind].__tablename__ for kind, n in vars(pruned).items() if n)
+    if not tables or is_sqlite(url):
+        return
+    try:
+        with get_engine(url).connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
+                "VACUUM " + ", ".join(tables))  # our own table names, never a request's
+    except Exception as exc:  # the rows are gone; their space waits for the next prune
+        logger.warning("retention: VACUUM %s failed (%s: %s)", ", ".join(tables),
+                       type(exc).__name__, exc)
 
 
 def _deleted(session: Session, statement: Any, params: dict[str, Any]) -> int:

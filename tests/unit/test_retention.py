@@ -4,16 +4,17 @@ the nodes learned; one node at a time runs it on a schedule."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from bidding import clock
 from bidding.auction.history import gather_history
 from bidding.config import Settings
 from bidding.execution import attempt as execution
-from bidding.lifecycle import jobs
+from bidding.lifecycle import jobs, retention
 from bidding.lifecycle import states as lifecycle
 from bidding.lifecycle.retention import (
     JOB,
@@ -26,6 +27,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.observe.stats import collect, window_start
 from bidding.store import read_session, write_session
+from bidding.store.engine import is_sqlite
 from bidding.store.schema import (
     AnnouncementRow,
     BidRow,
@@ -346,3 +348,29 @@ def test_stats_read_the_last_day_unless_told_otherwise(settings: Settings) -> No
     assert collect(settings.database_url, window_start(None)).announced == 1
     # and with since=0, every task in the store
     assert collect(settings.database_url, window_start(0.0)).announced == 2
+
+
+def test_on_postgresql_a_prune_vacuums_what_it_deleted_from(settings: Settings) -> None:
+    if is_sqlite(settings.database_url):
+        pytest.skip("SQLite reuses a deleted page without a VACUUM")
+    # given old finished tasks in a store whose tables were never vacuumed since
+    for _ in range(3):
+        finished(settings)
+    since = time.time()
+    # when a prune deletes them
+    assert retention.prune(settings, 30 * DAY).tasks == 3
+    # then the tables it deleted from were vacuumed after it (their space is used again,
+    # whether or not the server runs autovacuum), and the others were not
+    def vacuumed() -> set[str]:
+        with read_session(settings.database_url) as session:
+            return {name for name, at in session.execute(text(
+                "SELECT relname, last_vacuum FROM pg_stat_user_tables")) if at is not None
+                and at.timestamp() >= since - 1}
+
+    deadline = time.monotonic() + 10
+    while not {"bidding_announcements", "bidding_messages", "bidding_bids",
+               "bidding_ledger"} <= vacuumed() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {"bidding_announcements", "bidding_messages", "bidding_bids",
+            "bidding_ledger"} <= vacuumed()
+    assert "bidding_graphs" not in vacuumed()
