@@ -27,7 +27,6 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.observe.stats import collect, window_start
 from bidding.store import read_session, write_session
-from bidding.store.engine import is_sqlite
 from bidding.store.schema import (
     AnnouncementRow,
     BidRow,
@@ -350,9 +349,9 @@ def test_stats_read_the_last_day_unless_told_otherwise(settings: Settings) -> No
     assert collect(settings.database_url, window_start(0.0)).announced == 2
 
 
+# Only on PostgreSQL: SQLite reuses a deleted page without a VACUUM.
+@pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
 def test_on_postgresql_a_prune_vacuums_what_it_deleted_from(settings: Settings) -> None:
-    if is_sqlite(settings.database_url):
-        pytest.skip("SQLite reuses a deleted page without a VACUUM")
     # given old finished tasks in a store whose tables were never vacuumed since
     for _ in range(3):
         finished(settings)
