@@ -144,7 +144,9 @@ class CanvasOptions(BaseModel):
 class Announcement(BaseModel):
     """One task put up for bidding (the RFP of seed 001, the announcement of seed 000)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # NaN or infinity in a number field (a deadline, a budget) is refused where the options
+    # come in, naming the field, as in the arguments (validation.non_json_number).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     task_id: str = Field(min_length=1, max_length=64)
     task_name: str = Field(min_length=1)

@@ -382,6 +382,16 @@ def test_nan_or_infinity_in_the_arguments_is_refused_naming_the_argument(args, k
     assert str(info.value).startswith(f"args/kwargs of demo.tasks.extract: {named}")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")], ids=["nan", "infinity"])
+def test_nan_or_infinity_in_an_option_is_refused_naming_the_option(value: float) -> None:
+    # given a deadline of NaN or infinity among a call's bidding options
+    with pytest.raises(ConfigurationError) as info:
+        build(options={"deadline": value})
+    # then the error names the option and says the number is not finite
+    assert str(info.value).startswith("bidding options of demo.tasks.extract: deadline: ")
+    assert "finite number" in str(info.value)
+
+
 def test_delay_with_nan_in_its_arguments_is_refused_before_anything_is_announced(
     monkeypatch, store_url
 ):
