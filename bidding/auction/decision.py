@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 from bidding.auction.scores import load_score
 from bidding.models import BUDGET_EPSILON, Announcement, Award, Bid, Refusal, Score
@@ -90,46 +90,27 @@ def decide(
             eligible.append(bid)
         else:
             scores.append(Score(node=bid.node, total=0.0, eligible=False, reason=why))
+    def award(**outcome: Any) -> Award:
+        return Award(task_id=announcement.task_id, attempt=announcement.attempt, strategy=name,
+                     closed_by=closed_by, scores=scores, **outcome)
+
     if not eligible:
-        return Award(
-            task_id=announcement.task_id,
-            attempt=announcement.attempt,
-            outcome="failed",
-            strategy=name,
-            closed_by=closed_by,
-            scores=scores,
-            error=_no_winner_message(announcement, bids, refusals, scores, candidates),
-        )
+        return award(outcome="failed",
+                     error=_no_winner_message(announcement, bids, refusals, scores, candidates))
     if isinstance(strategy, ScoringStrategy):
         scores.extend(strategy.score_all(eligible, announcement, caps))
     winner = run_select(strategy, eligible, announcement, caps)
     reasoning = getattr(strategy, "last_reasoning", "")
     if winner is None:
-        return Award(
-            task_id=announcement.task_id,
-            attempt=announcement.attempt,
-            outcome="failed",
-            strategy=name,
-            closed_by=closed_by,
-            scores=scores,
-            error=f"{NO_VALID_BIDS}: strategy {name} selected none of "
-            f"{len(eligible)} eligible bid(s)" + (f" ({reasoning})" if reasoning else ""),
-        )
+        return award(outcome="failed",
+                     error=f"{NO_VALID_BIDS}: strategy {name} selected none of "
+                     f"{len(eligible)} eligible bid(s)" + (f" ({reasoning})" if reasoning else ""))
     if reasoning:
         scores = [
             s.model_copy(update={"reason": reasoning}) if s.node == winner.node else s
             for s in scores
         ]
-    return Award(
-        task_id=announcement.task_id,
-        attempt=announcement.attempt,
-        outcome="awarded",
-        winner=winner.node,
-        strategy=name,
-        closed_by=closed_by,
-        scores=scores,
-    )
-
+    return award(outcome="awarded", winner=winner.node)
 
 def _no_winner_message(
     announcement: Announcement,
