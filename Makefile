@@ -4,12 +4,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint unit integration e2e bench clean
+.PHONY: demo test lint unit integration e2e bench clean docs
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[postgres,embedded,api,llm,dev]'
+	$(PY) -m pip install --quiet -e '.[postgres,embedded,api,llm,otel,dev]'
 	touch $(STAMP)
 
 # make demo KEEP=1: the dashboard, Flower and the nodes stay up after the summary (Ctrl-C stops).
@@ -39,5 +39,9 @@ integration: $(STAMP)
 e2e: $(STAMP)
 	$(PY) -m pytest tests/e2e
 
+# The docs site (mkdocs.yml, pages under docs/) into site/; --strict: a broken link fails.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 clean:
-	rm -rf .demo .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf site .demo .pytest_cache .mypy_cache .ruff_cache .hypothesis

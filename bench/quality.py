@@ -32,7 +32,18 @@ node, per window of 100 tasks) and the share of the second half won by a newcome
 mid-run with no history. Plots: ``bench/quality_*.png`` (with matplotlib, from the ``bench``
 extra; without it the plots are skipped).
 
-Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]``.
+At scale (``bench/simulation/scale.py``): 8, 32, 128 and 256 nodes (the federation grown with
+twins of different speeds and reliabilities), at 50% and 90% load; FIFO, least loaded, power of
+two choices, the default, the oracle and the oracle that fills free slots first; success, p50,
+p90 and p99 completion, load spread, the newcomers' share. Drift
+(``bench/simulation/drift.py``): a specialist's true rate falls from 0.95 to 0.3 at mid-run; how
+many tasks it wins before its share is a bad node's. Resources (``bench/simulation/gpu.py``):
+GPU-memory requests of mixed sizes on mixed GPUs, 10,000 tasks; misplacements, memory use,
+spread against pack, against slot-counting FIFO.
+
+Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]
+[--only comparison,scale,drift,resources] [--scale-tasks F]``: by default every part, each on
+K seeds (a few minutes on 2 cores with K = 1).
 
 Candidate-cap study: ``--caps 4,6,8,0 --copies K`` replicates the federation K times (twins with
 the same true rates, the offered load scaled with the capacity, N tasks per copy) and runs FIFO,
@@ -47,9 +58,10 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).absolute().parent
 # Running as a script puts bench/ first on sys.path; its modules must not shadow the stdlib, and
@@ -59,8 +71,10 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").absolute() != BENCH_DIR]
 if str(BENCH_DIR.parent) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR.parent))
 
+from bench.simulation import drift, gpu, scale  # noqa: E402
 from bench.simulation.federation import NEWCOMER, WARMUP  # noqa: E402
-from bench.simulation.plots import plot_report  # noqa: E402
+from bench.simulation.metrics import Metrics  # noqa: E402
+from bench.simulation.plots import plot_report, plot_scale  # noqa: E402
 from bench.simulation.policies import TARGETED  # noqa: E402
 from bench.simulation.proposals import PRIOR_EPISODES  # noqa: E402
 from bench.simulation.report import (  # noqa: E402
@@ -72,6 +86,8 @@ from bench.simulation.report import (  # noqa: E402
     targets,
 )
 from bench.simulation.runner import cap_study_seed, run_seed  # noqa: E402
+
+PARTS = ("comparison", "scale", "drift", "resources")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -90,6 +106,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "(0: every node); FIFO, the oracle and the default strategy only")
     parser.add_argument("--copies", type=int, default=1,
                         help="with --caps: replicate the federation this many times (default 1)")
+    parser.add_argument("--only", default=",".join(PARTS),
+                        help=f"parts to run, comma-separated (default: all of {','.join(PARTS)})")
+    parser.add_argument("--sizes", default=",".join(str(n) for n in scale.SIZES),
+                        help="scale: federation sizes (default 8,32,128,256)")
+    parser.add_argument("--scale-tasks", type=float, default=1.0,
+                        help="scale: multiply the tasks per run (default 1: "
+                             + ", ".join(f"{t} at {n}" for n, t in scale.TASKS.items()) + ")")
     return parser.parse_args(argv)
 
 
@@ -104,14 +127,9 @@ def print_cap_study(args: argparse.Namespace, seeds: list[int]) -> None:
     print(cap_study(found, args.copies))
 
 
-def print_comparison(args: argparse.Namespace, seeds: list[int]) -> None:
+def print_comparison(args: argparse.Namespace, seeds: list[int],
+                     results: list[dict[str, Metrics]]) -> None:
     """Every policy on the same tasks: the federation, the tables, the targets, the plots."""
-    jobs = [(args.tasks, s, args.prior_episodes) for s in seeds]
-    if args.jobs > 1 and len(seeds) > 1:
-        with ProcessPoolExecutor(min(args.jobs, len(seeds))) as pool:
-            results = list(pool.map(run_seed, jobs))
-    else:
-        results = [run_seed(j) for j in jobs]
     print(f"allocation quality: {args.tasks} tasks, seeds {seeds}, warm-up {WARMUP:.0%}, "
           f"{NEWCOMER} joins at task {args.tasks // 2}, "
           f"proposals' prior A = {args.prior_episodes:g} episodes")
@@ -131,6 +149,63 @@ def print_comparison(args: argparse.Namespace, seeds: list[int]) -> None:
             print(line)
 
 
+def run_parts(args: argparse.Namespace, seeds: list[int]) -> None:
+    """Every part asked for, their runs on one pool of processes (the longest first), then
+    their reports in order."""
+    parts = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"--only: unknown part(s) {', '.join(sorted(unknown))}")
+    sizes = tuple(int(n) for n in args.sizes.split(",") if n.strip())
+    work: list[tuple[str, Callable[[Any], Any], Any, int]] = []
+    if "comparison" in parts:
+        work += [("comparison", run_seed, (args.tasks, s, args.prior_episodes), args.tasks * 11)
+                 for s in seeds]
+    if "scale" in parts:
+        work += [("scale", scale.scale_seed, j, j[3] * (3 + j[0] // 32))
+                 for j in scale.jobs(sizes, scale.LOADS, seeds, args.scale_tasks)]
+    if "drift" in parts:
+        work += [("drift", drift.drift_seed, (n, load, s, drift.TASKS[n]), drift.TASKS[n] * 3)
+                 for n in drift.SIZES for load in scale.LOADS for s in seeds]
+    if "resources" in parts:
+        work += [("resources", gpu.gpu_seed, s, gpu.TASKS * 4) for s in seeds]
+    work.sort(key=lambda w: -w[3])
+    with ProcessPoolExecutor(max(1, min(args.jobs, len(work)))) as pool:
+        futures = [(part, pool.submit(fn, arg)) for part, fn, arg, _ in work]
+        done: dict[str, list[Any]] = {p: [] for p in PARTS}
+        for part, future in futures:
+            done[part].append(future.result())
+    if "comparison" in parts:
+        print_comparison(args, seeds, done["comparison"])
+    if "scale" in parts:
+        cells: scale.Cells = {}
+        for nodes, load, out in done["scale"]:
+            cells.setdefault((nodes, load), []).append(out)
+        print(f"\n## at scale: seeds {seeds}, tasks per run "
+              + ", ".join(f"{int(scale.TASKS.get(n, 60 * n) * args.scale_tasks)} at {n} nodes"
+                          for n in sizes)
+              + f"; newcomers hold {scale.newcomer_capacity_share():.1%} of the capacity in "
+              "the 2nd half\n")
+        print(scale.table(cells))
+        print("\ntargets at scale (the default against the oracle that fills free slots "
+              "first, success after warm-up; p90 against power of two at 90% load):\n")
+        print(scale.targets(cells))
+        if not args.no_plots:
+            for line in plot_scale(cells, seeds):
+                print(line)
+    if "drift" in parts:
+        dcells: dict[tuple[int, float], list[dict[str, drift.Drift]]] = {}
+        for nodes, load, out in done["drift"]:
+            dcells.setdefault((nodes, load), []).append(out)
+        print(f"\n## drift: {drift.DRIFTED} {drift.BEFORE} -> {drift.AFTER} at mid-run, "
+              f"seeds {seeds}, tasks " + ", ".join(f"{t} at {n} nodes"
+                                                  for n, t in drift.TASKS.items()) + "\n")
+        print(drift.table(dcells))
+    if "resources" in parts:
+        print(f"\n## resources: seeds {seeds}, {gpu.TASKS} tasks per run; {gpu.describe()}\n")
+        print(gpu.table(done["resources"]))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the simulation and print the report (with or without matplotlib: exit 0)."""
     args = parse_args(argv)
@@ -139,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.caps is not None:
         print_cap_study(args, seeds)
     else:
-        print_comparison(args, seeds)
+        run_parts(args, seeds)
     print(f"\n{time.perf_counter() - started:.1f} s")
     return 0
 

@@ -283,7 +283,8 @@ def _prunes(database_url: str) -> int:
 
     with read_session(database_url) as session:
         return int(session.execute(text(
-            "SELECT coalesce(sum(runs), 0) FROM bidding_jobs")).scalar_one())
+            "SELECT coalesce(sum(runs), 0) FROM bidding_jobs WHERE name = 'retention'"
+        )).scalar_one())
 
 
 def _journaled(settings: Any, app: Any) -> int | None:

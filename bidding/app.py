@@ -12,25 +12,30 @@ import threading
 from typing import Any
 
 import click
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, current_app
 from celery.signals import (
     task_failure,
     task_prerun,
     task_retry,
+    task_unknown,
     worker_process_init,
     worker_ready,
 )
 
 from bidding.auction.bidder import node_bidder
+from bidding.auction.celery_options import routed_tasks
 from bidding.auction.consumer import BidConsumerStep
 from bidding.auction.sweeper import Sweeper
+from bidding.auction.unregistered import not_registered_on_a_node
 from bidding.auction.watchdog import incarnation_ended
 from bidding.auction.writebehind.plugin import JournalPlugin
 from bidding.config import ENV_PREFIX, Settings, get_settings
 from bidding.context import Context
 from bidding.errors import ConfigurationError
 from bidding.execution.active import running_tasks
+from bidding.execution.current import current_award
 from bidding.execution.final_results import keep_final_results_final
+from bidding.execution.priority import execution_queue, redeclare_if_unprioritized
 from bidding.execution.result_wait import close_the_resubscribe_gap
 from bidding.graphs.plugin import GraphPlugin
 from bidding.lifecycle.plugins import use
@@ -40,9 +45,9 @@ from bidding.nodes.profile import (
     PROFILE_ENV,
     bid_queue,
     current_profile,
-    exec_queue,
     profile_source,
 )
+from bidding.nodes.warm import add_warm
 from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
@@ -77,10 +82,17 @@ def install(app: Celery) -> Celery:
     close_the_resubscribe_gap()
     # Nor may a late RETRY replace a task's final result (execution/final_results.py).
     keep_final_results_final()
+    # An execution of a task the app does not register ends FAILED, with the reason.
+    task_unknown.connect(not_registered_on_a_node, weak=False,
+                         dispatch_uid="bidding.not_registered_on_a_node")
     if app.configured:
         _retry_result_writes(app)
     else:
         app.on_after_configure.connect(_retry_result_writes, sender=app, weak=False)
+    if app.finalized:
+        _warn_routed(app)
+    else:
+        app.on_after_finalize.connect(_warn_routed, sender=app, weak=False)
     setattr(app, _INSTALLED, True)
     return app
 
@@ -108,6 +120,23 @@ def warm(app: Celery) -> None:
     _ = app.backend
     with app.producer_or_acquire():
         pass
+
+
+def _warn_routed(sender: Celery, **_: Any) -> None:
+    """Say once, when the app's tasks are known, which bidding tasks ``task_routes`` routes:
+    the auction decides where they run, and the route is not followed."""
+    names = [name for name, task in sender.tasks.items()
+             if getattr(task, "is_bidding_task", False) is True]
+    try:
+        routed = routed_tasks(sender.amqp.router, names, sender.conf.task_default_queue)
+    except Exception:  # never stop an app from finalizing over a warning
+        logger.debug("checking task_routes against the bidding tasks failed", exc_info=True)
+        return
+    for name, queue in sorted(routed.items()):
+        logger.warning(
+            "task_routes sends %s to queue %r, but it is a bidding task: the auction decides "
+            "which node runs it and the route is not followed; steer it with required_skills "
+            "or preferred_node", name, queue)
 
 
 def _retry_result_writes(sender: Celery, **_: Any) -> None:
@@ -142,7 +171,10 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         # rather than refusing every bid later.
         node_bidder(profile, profile_source(settings))
         queues = worker.app.amqp.queues
-        queues.select_add(exec_queue(profile.name))
+        # With priorities on RabbitMQ (bidding.execution.priority); an earlier version's queue
+        # without them is replaced before anything consumes it.
+        queues.select_add(execution_queue(worker.app, profile.name))
+        redeclare_if_unprioritized(worker.app, profile.name)
         if bid_queue(profile.name) in (queues.consume_from or {}):
             # Bid requests are not Celery tasks: the bid consumer (main process) reads them.
             queues.deselect(bid_queue(profile.name))
@@ -159,6 +191,9 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         # (Registered again after a lost reply, it finds its own row: the watchdog then knows
         # the predecessor's attempts lost by their boot id.)
         me = incarnation.begin(worker.hostname, profile.name, _slots(worker))
+        mismatch = capacity_mismatch(profile.name, profile.capacity, me.slots)
+        if mismatch:
+            logger.warning("%s", mismatch)
         earlier = outlasting(url, f"registering worker {worker.hostname}",
                              lambda: incarnation.register(settings, me))
         if earlier is not None:
@@ -168,6 +203,17 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
                     "process(es))", profile.name, ", ".join(profile.capabilities),
                     profile.capacity, profile.bidder or "built-in", me.hostname,
                     me.slots or "?")
+
+
+def capacity_mismatch(node: str, capacity: int, slots: int | None) -> str | None:
+    """What to say when a worker runs more or fewer tasks at once than its node's capacity
+    (``--concurrency`` given otherwise); None when they agree, or the slots are unknown."""
+    if slots is None or slots == capacity:
+        return None
+    then = ("tasks awarded beyond its slots wait in its queue" if slots < capacity
+            else "its extra slots stay idle while the auction counts it full")
+    return (f"node {node}: its profile's capacity is {capacity} but this worker runs {slots} "
+            f"task(s) at once (--concurrency); bids count the capacity, so {then}")
 
 
 def check_default_strategy(settings: Settings) -> None:
@@ -219,7 +265,8 @@ class SweeperStep(_NodeLoopStep):
     """Run the sweeper (``auction.sweeper``): close expired auctions, announce due tasks, watch
     winners, each phase on a loop of its own.
 
-    Every node worker sweeps; the transitions' compare-and-set makes concurrent sweeps harmless.
+    Every node worker runs one; the holder of the sweeper lease sweeps the federation, the
+    others stand by (``lifecycle.lease``).
     """
 
     label = "bidding sweeper"
@@ -227,7 +274,7 @@ class SweeperStep(_NodeLoopStep):
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        self.sweeper = Sweeper(self.settings, consumer.app)
+        self.sweeper = Sweeper(self.settings, consumer.app, holder=consumer.hostname)
 
     def start(self, consumer: Any) -> None:
         """Start sweeping."""
@@ -243,7 +290,10 @@ class MonitorStep(_NodeLoopStep):
     """Run the watch of delegated work (``observe.monitor``, seed 002): check tasks their
     nodes have been silent about, escalate those that stay silent.
 
-    Every node worker watches, as every one sweeps; each check is claimed by a compare-and-set.
+    Every node worker watches, its passes spaced by the number of nodes (four passes an
+    interval across the federation); each check is claimed by a compare-and-set. Unlike the
+    sweeps it is not left to one node: a watched node that hangs (SIGSTOP) must be escalated
+    without waiting for a lease to lapse, in case it is the one that would watch.
     """
 
     label = "bidding monitor"
@@ -321,3 +371,22 @@ def _note_failure(**_: Any) -> None:
 def _collect_after_failure(**_: Any) -> None:
     garbage.before_task()
 
+
+
+def mark_warm(*items: str, node: str | None = None, app: Celery | None = None) -> list[str]:
+    """Say that this node now holds ``items`` warm (``"model:llama-3-8b"``), from a bidding
+    task's body after it loaded them: awards of tasks whose ``affinity`` names them prefer
+    this node (``bidding.resources.WARM_BONUS``) until its worker starts again.
+
+    ``node``: default, the node running the current task (``bidding.current_award()``);
+    outside a task body, name it. Returns everything the node holds warm now."""
+    if node is None:
+        award = current_award()
+        if award is None:
+            raise ConfigurationError("mark_warm: outside a bidding task's body, name the node "
+                                     "(mark_warm(..., node=\"gpu-a\"))")
+        node = award.node
+    try:
+        return add_warm(get_settings(app or current_app), node, list(items))
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None

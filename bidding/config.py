@@ -8,14 +8,15 @@ Values are read from ``app.conf`` (``bidding_window = 2.0``) and overridden by t
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from bidding.errors import ConfigurationError
-from bidding.models import BidMode, NoBidPolicy, describe_validation
+from bidding.models import BidMode, CandidateCap, NoBidPolicy, describe_validation
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -31,10 +32,11 @@ ENV_NOT_SETTINGS_PREFIXES: tuple[str, ...] = ("BIDDING_TEST_", "BIDDING_IT_")
 ENV_NOT_SETTINGS: frozenset[str] = frozenset({"BIDDING_DEMO_CONFIG"})
 
 
-#: Bounds of seed 002's checking policy: the ``bidding_*check*`` settings and a node profile's
-#: ``[checking]`` table alike. A factor above 10 or waits beyond these say nothing a smaller
-#: value would not (the wait reaches its cap within a few checks), and unbounded they let a
-#: profile's ``check_backoff_factor = 1e40`` overflow a float at its eighth check.
+#: Bounds of the checking policy of delegated work: the ``bidding_*check*`` settings and a
+#: node profile's ``[checking]`` table alike. A factor above 10 or waits beyond these say
+#: nothing a smaller value would not (the wait reaches its cap within a few checks), and
+#: unbounded they let a profile's ``check_backoff_factor = 1e40`` overflow a float at its
+#: eighth check.
 CHECK_WAIT_LIMIT = 86_400.0
 MAX_CHECK_WAIT_LIMIT = 7 * 86_400.0
 BACKOFF_FACTOR_LIMIT = 10.0
@@ -60,12 +62,14 @@ class Settings(BaseModel):
     allowed_strategies: tuple[str, ...] = ()
     #: What an auction without a valid bid does: fail the task, or fall back to any live node.
     no_bid: NoBidPolicy = "fail"
-    #: Bids with a lower confidence are not eligible (seed 001's default is 0.5).
+    #: Bids with a lower confidence are not eligible.
     min_confidence: float = Field(0.5, ge=0, le=1)
-    #: Bids from nodes with a lower (learned) trust are not eligible (AITP's default is 50).
+    #: Bids from nodes with a lower (learned) trust are not eligible (the protocol's default is 50).
     min_trust: float = Field(50.0, ge=0, le=100)
-    #: Send bid requests to at most this many eligible nodes per auction (0 = all of them).
-    candidate_cap: int = Field(8, ge=0)
+    #: Ask at most this many eligible nodes per auction (0 = all of them). "auto": 8 up to 16
+    #: eligible nodes, then twice the square root of their number (12 of 32, 23 of 128, 32 of
+    #: 256), so that a large federation's best nodes are still among those asked.
+    candidate_cap: CandidateCap = "auto"
     #: Where bids wait while an auction is open: "auto" (Redis when the broker is Redis, else
     #: the store), "store", or a Redis URL (see bidding.auction.board).
     bid_board: str = "auto"
@@ -87,6 +91,11 @@ class Settings(BaseModel):
     #: Set it where tasks are announced (callers and node workers, whose sweepers announce
     #: retries).
     bid_mode: BidMode = "auto"
+    #: How an award places a task that needs resources among the nodes it fits now:
+    #: "spread" prefers the node it leaves the most free, "pack" the one it leaves the least
+    #: (best fit: a node's resources fill before the next node's, keeping big nodes free for
+    #: big tasks). Set it where tasks are awarded (callers and node workers).
+    fit: Literal["spread", "pack"] = "spread"
     #: The most characters of a task's content, and of its args and kwargs (as JSON,
     #: together), that a bid request carries to a node's bidder; longer ones are cut, and
     #: the bidder's ``Announcement.truncated`` gives their full sizes
@@ -100,6 +109,11 @@ class Settings(BaseModel):
     #: 10 at a peak. A node's threads (sweeper, heartbeat, bid threads, monitor) need a few;
     #: raise it in an announcing process whose threads call ``.delay()`` concurrently.
     db_pool_size: int = Field(5, ge=1, le=1000)
+    #: The PostgreSQL URL leads to a pooler in transaction mode (PgBouncer's
+    #: ``pool_mode = transaction``), where consecutive transactions of one connection may run
+    #: on different server connections: the store then asks psycopg for no server-side
+    #: prepared statements, which would be missing on the next server connection.
+    db_transaction_pooler: bool = False
     #: Days a finished task is kept in the store, with its bids, messages, ledger entries and
     #: graph rows; one node worker at a time prunes older ones, a tenth of this apart (at most
     #: hourly), and ``bidding prune`` does it by hand. What the nodes learned stays (their
@@ -147,7 +161,7 @@ class Settings(BaseModel):
     delivery_check_seconds: float = Field(60.0, ge=0)
     #: Seconds between a node's hard and soft time limit (timeout_seconds is the soft one).
     hard_timeout_grace: float = Field(5.0, ge=0)
-    #: Seed 002's watch of delegated (ASSIGNED or EXECUTING) tasks, when no award, start or
+    #: The watch of delegated (ASSIGNED or EXECUTING) tasks, when no award, start or
     #: progress report is news: the first check this many seconds after the latest one...
     initial_check_wait_time: float = Field(30.0, gt=0, le=CHECK_WAIT_LIMIT)
     #: ...each check that finds no news multiplies the wait by this factor...
@@ -159,6 +173,7 @@ class Settings(BaseModel):
     max_check_attempts: int = Field(10, ge=1, le=CHECK_ATTEMPTS_LIMIT)
     #: Webhook that receives every notification (cost exceeded, escalated) as a JSON POST.
     notify_url: str | None = None
+    #: Seconds a call to ``notify_url`` may take before it is given up (and logged).
     notify_timeout: float = Field(5.0, gt=0)
     #: Path of this worker's node profile (set by ``bidding worker`` or ``--bidding-profile``).
     profile: str | None = None
@@ -181,6 +196,57 @@ class Settings(BaseModel):
     #: 413 naming this setting before it is parsed or stored (a chunked one too: reading stops
     #: at the limit).
     api_max_body_bytes: int = Field(1_048_576, ge=1024, le=1_073_741_824)
+
+    #: The keyword rule, opt-in: keyword -> skill. A call that names no required
+    #: skills (neither the task nor the call) requires the skills of the keywords found, as
+    #: whole words and in any case, in its content and in the strings of its arguments;
+    #: ``explain`` says so. From the environment: a JSON object.
+    skill_keywords: dict[str, str] = Field(default_factory=dict)
+    #: The routing map, opt-in: task type -> node name, the ``preferred_node`` of a
+    #: call that names none (the composite strategy's x1.1 then applies to that node's bid).
+    #: From the environment: a JSON object.
+    preferred_nodes: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("skill_keywords", "preferred_nodes", mode="before")
+    @classmethod
+    def _json_object(cls, value: Any) -> Any:
+        # From the environment: '{"pdf": "pdf_text_extraction"}'.
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON object ({exc})") from None
+        if not isinstance(value, Mapping):
+            raise ValueError("must be a mapping (a JSON object from the environment)")
+        return dict(value)
+
+    @field_validator("skill_keywords")
+    @classmethod
+    def _keywords(cls, value: dict[str, str]) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for keyword, skill in value.items():
+            if not keyword.strip() or not skill.strip():
+                raise ValueError(f"{keyword!r} -> {skill!r}: keyword and skill must be "
+                                 "non-empty")
+            # Keywords match in any case: two spellings of one keyword are one keyword.
+            key = keyword.strip().lower()
+            if key in found and found[key] != skill.strip():
+                raise ValueError(f"keyword {keyword.strip()!r} maps to two skills "
+                                 f"({found[key]!r} and {skill.strip()!r})")
+            found[key] = skill.strip()
+        return found
+
+    @field_validator("preferred_nodes")
+    @classmethod
+    def _routes(cls, value: dict[str, str]) -> dict[str, str]:
+        for task_type, node in value.items():
+            # The store's limits: a task type of 64 characters, a node name of 32.
+            if not task_type.strip() or len(task_type) > 64:
+                raise ValueError(f"task type {task_type!r}: 1 to 64 characters")
+            if not node.strip() or len(node) > 32:
+                raise ValueError(f"{task_type!r} -> {node!r}: a node name of 1 to 32 "
+                                 "characters")
+        return value
 
     @field_validator("allowed_strategies", mode="before")
     @classmethod
@@ -270,15 +336,30 @@ _ATTR = "_bidding_settings"
 JSON_CONTENT = frozenset({"json", "application/json"})
 
 
-#: The ``db_pool_size`` of the settings this process loaded last. The store's engines are
-#: built per process and URL, not per app, so they are sized from it (``db_pool_size()``).
+#: The ``db_pool_size`` and ``db_transaction_pooler`` of the settings this process used last.
+#: The store's engines are built per process and URL, not per app, so they are built from them
+#: (``db_pool_size()``, ``db_transaction_pooler()``).
 _pool_size = [Settings.model_fields["db_pool_size"].default]
+_transaction_pooler = [False]
 
 
 def db_pool_size() -> int:
     """Connections the store's engines built from now on keep open (``bidding_db_pool_size``
-    of the settings this process loaded last)."""
+    of the settings this process used last)."""
     return int(_pool_size[0])
+
+
+def db_transaction_pooler() -> bool:
+    """Whether the store's engines built from now on go through a transaction pooler
+    (``bidding_db_transaction_pooler`` of the settings this process used last)."""
+    return bool(_transaction_pooler[0])
+
+
+def use_store_settings(settings: Settings) -> None:
+    """Make ``settings``' store connection options the ones engines are built with from now
+    on (an app's settings do so when first read; a command without an app calls this)."""
+    _pool_size[0] = settings.db_pool_size
+    _transaction_pooler[0] = settings.db_transaction_pooler
 
 
 def get_settings(app: Celery) -> Settings:
@@ -288,7 +369,7 @@ def get_settings(app: Celery) -> Settings:
         check_json_only(app)
         found = load_settings(dict(app.conf))
         setattr(app, _ATTR, found)
-        _pool_size[0] = found.db_pool_size
+        use_store_settings(found)
     return found
 
 

@@ -44,7 +44,16 @@ class EscalatedError(BiddingError):
 
 
 class DeadlinePassedError(BiddingError):
-    """The task reached its node after its deadline: it is failed without being started."""
+    """The task had not started by its deadline: it never starts (see ``TaskExpiredError``,
+    which is what is raised now; this name is kept for code that catches it)."""
+
+
+class TaskExpiredError(DeadlinePassedError):
+    """The task had not started by its expiry (Celery's ``expires``, ``bidding={"expires":
+    ...}``) or its deadline (AITP ``metadata.deadline``): it never starts, and ends FAILED.
+    The message starts with ``expired:`` and says which limit passed, and where the task was
+    waiting. A retry that would be due after it is not run either: the expiry is the task's,
+    not an attempt's."""
 
 
 class NodeLostError(BiddingError):

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.request
 from typing import Any
 
 from celery.utils.dispatch import Signal
@@ -40,6 +39,10 @@ def notify(settings: Settings, signal: Signal, event: str, **payload: Any) -> No
         logger.exception("a %s receiver failed", event)
     if not settings.notify_url:
         return
+    # Imported here: only a federation with a webhook needs it (0.6 MB of every node's main
+    # process otherwise).
+    import urllib.request
+
     body = json.dumps({"event": event, **payload}, default=str).encode()
     request = urllib.request.Request(settings.notify_url, data=body, method="POST",
                                      headers={"Content-Type": "application/json"})

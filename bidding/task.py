@@ -20,32 +20,43 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NoReturn
 
-from celery import Task, current_app
-from celery.exceptions import Ignore, NotRegistered, Retry, TimeLimitExceeded
+from celery import Task
+from celery.exceptions import Ignore, Retry, TimeLimitExceeded
 from celery.result import AsyncResult
-from celery.signals import task_internal_error, task_revoked, task_unknown
+from celery.signals import task_internal_error, task_revoked
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
+from bidding.auction.celery_options import merge_priority, refuse_steering
 from bidding.auction.history import history_changed
 from bidding.auction.task_options import check_task_class
 from bidding.config import Settings, get_settings
 from bidding.context import Context
 from bidding.execution import attempt as execution
 from bidding.execution.canvas import canvas_of
+from bidding.execution.current import running_under
 from bidding.execution.dispatch import ATTEMPT_HEADER, NODE_HEADER
-from bidding.execution.report import fail_caller, report_if_final, restore_view
+from bidding.execution.report import report_if_final, restore_view
+from bidding.execution.room import (
+    RESOURCES_HEADER,
+    WAIT_PAUSE,
+    RoomCheck,
+    needs_from,
+    room_for,
+)
 from bidding.execution.timing import call_delay, past_deadline
 from bidding.lifecycle import events
 from bidding.lifecycle.plugins import Plugin, plugins_of
 from bidding.models import RetryPolicy
 from bidding.nodes import incarnation
-from bidding.nodes.profile import current_profile
+from bidding.nodes.profile import NodeProfile, current_profile
 from bidding.store import keep_clock, masked_url
+from bidding.store.engine import is_sqlite
 from bidding.store.outage import outlasting
 
 logger = logging.getLogger(__name__)
@@ -71,9 +82,18 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     bidding: ClassVar[Mapping[str, Any]] = {}
     #: Retry policy of an attempt (AITP 6.1); None: a failed attempt fails the task.
     retry_policy: ClassVar[RetryPolicy | None] = None
+    #: What one attempt holds on its node while it runs (``{"gpu_mem_gb": 20, "cpu": 2}``):
+    #: a node whose profile's ``[resources]`` cannot cover it refuses, and a node starts it
+    #: only while its running attempts leave room.
+    resources: ClassVar[Mapping[str, float]] = {}
+    #: Items the task would like warm on its node (``["model:llama-3-8b"]``).
+    affinity: ClassVar[list[str] | tuple[str, ...]] = ()
     #: The AITP capability this task implements (``bidding.submit`` runs a subtask with this
     #: ``agent_capability`` as this task); ``required_skills`` default to ``[capability]``.
     capability: ClassVar[str | None] = None
+
+    #: Marks a bidding task for code below this module (``bidding.install``'s route check).
+    is_bidding_task: ClassVar[bool] = True
 
     #: Executions are acknowledged after they finish and requeued if the worker dies.
     acks_late = True
@@ -103,7 +123,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
     ) -> AsyncResult:
         """Announce this call for bidding and return the AsyncResult of its execution.
 
-        ``countdown``/``eta`` delay the auction itself. ``link``, ``link_error`` and Celery's
+        ``countdown``/``eta`` delay the auction itself; ``priority`` is the task's (as
+        ``bidding={"priority": ...}``); ``queue``, ``routing_key`` and ``exchange`` are refused
+        (the auction picks the node). ``link``, ``link_error`` and Celery's
         canvas (chains, groups, chords) go with the task's execution (``bidding.execution.canvas``).
         Called by ``self.retry()`` inside a running bidding task, it schedules that task's next
         attempt instead.
@@ -113,17 +135,23 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                                        shadow, **options)
         settings = get_settings(self.app)
         delay = call_delay(options)
+        # Celery's own expires is bidding={"expires": ...} (the call's first, the task's last).
+        expires = options.pop("expires", None)
         running: execution.Running | None = getattr(self.request, _RUNNING, None)
         if running is not None and task_id == running.task_id:
             # Refused here, as a new call's are.
             arguments_json(self.name, args, kwargs, settings.max_arguments_bytes)
             execution.retry_requested(settings, running, delay, args, kwargs)
             return AsyncResult(task_id, app=self.app)
+        refuse_steering(self.name, options)
         defaults = dict(self.bidding or {})
         check_options(defaults, f"{self.name} bidding defaults")
         call = dict(bidding or {})
         check_options(call, f"{self.name}.apply_async(bidding=...)")
         merged = {**defaults, **call}
+        merge_priority(self.name, merged, call, options.pop("priority", None), self.priority)
+        if expires is not None or merged.get("expires") is None:
+            merged["expires"] = expires if expires is not None else self.expires
         if self.retry_policy is not None and "retry_policy" not in merged:
             merged["retry_policy"] = self.retry_policy
         # Its timestamps are the store's time (bidding.clock): read it first in a new process.
@@ -139,9 +167,17 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         attempt = _header(request, ATTEMPT_HEADER)
         if request.called_directly or attempt is None:
             return super().__call__(*args, **kwargs)
+        # Traced: a child of the award's span, whose context the message carries.
+        with tracing.execution_span(_header(request, tracing.HEADER), request.id, self.name,
+                                    str(_header(request, NODE_HEADER)), int(attempt)):
+            return self._run_attempt(int(attempt), args, kwargs)
+
+    def _run_attempt(self, attempt: int, args: Any, kwargs: Any) -> Any:
+        """Begin the attempt, run the body, record the outcome (``__call__`` on a node)."""
         settings = get_settings(self.app)
         plugins = plugins_of(Context(settings, self.app))
-        run = self._begin(settings, plugins, int(attempt))
+        run = self._begin(settings, plugins, attempt)
+        self._unless_expired(settings, plugins, run)
         try:
             result = self._run_body(run, args, kwargs)
         except Retry:
@@ -150,6 +186,31 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         except Exception as exc:
             self._record_failure(settings, plugins, run, exc)  # raises
         return self._record_result(settings, plugins, run, result)
+
+    @staticmethod
+    def _room_check(settings: Settings, request: Any, attempt: int, node: str,
+                    profile: NodeProfile | None) -> RoomCheck | None:
+        """The start's room check when the attempt needs resources (``execution.room``)."""
+        needs = needs_from({RESOURCES_HEADER: _header(request, RESOURCES_HEADER)})
+        if not needs or profile is None:
+            return None
+        return room_for(request.id, attempt, node, needs, profile.resources,
+                        lock=not is_sqlite(settings.database_url))
+
+    @staticmethod
+    def _wait_for_room(run: execution.Running,
+                       begin: Callable[[], execution.Running]) -> execution.Running:
+        """Try the start again every ``WAIT_PAUSE`` seconds until the node has room (or the
+        attempt is no longer this node's to start: ``begin`` says what it is then)."""
+        logger.info("task %s: waiting for room on %s (its running attempts hold what it "
+                    "needs)", run.task_id, run.node)
+        waited = time.monotonic()
+        while run.start is execution.Start.WAITING:
+            time.sleep(WAIT_PAUSE)
+            run = begin()
+        logger.info("task %s: waited %.1fs for room on %s", run.task_id,
+                    time.monotonic() - waited, run.node)
+        return run
 
     def _begin(
         self, settings: Settings, plugins: Sequence[Plugin], attempt: int
@@ -163,6 +224,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         profile = current_profile(settings)
         # One start time for every try: a retried begin whose first commit landed knows it.
         started = clock.now()
+        node = str(_header(request, NODE_HEADER))
+        room = self._room_check(settings, request, attempt, node, profile)
 
         def begin() -> execution.Running:
             return outlasting(
@@ -172,14 +235,17 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
                     settings,
                     request.id,
                     attempt,
-                    str(_header(request, NODE_HEADER)),
+                    node,
                     profile.price_per_unit if profile is not None else 0.0,
                     redelivered=bool((request.delivery_info or {}).get("redelivered")),
                     starter=execution.Starter(request.hostname, incarnation.boot_id(), started),
+                    room=room,
                 ),
             )
 
         run = begin()
+        if run.start is execution.Start.WAITING:
+            run = self._wait_for_room(run, begin)
         if run.start is execution.Start.UNKNOWN and any(
             plugin.row_coming(request.id) for plugin in plugins
         ):
@@ -214,16 +280,31 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         )
         return run
 
-    def _run_body(self, run: execution.Running, args: Any, kwargs: Any) -> Any:
-        """The body, unless the attempt reached its node after the task's deadline."""
+    def _unless_expired(
+        self, settings: Settings, plugins: Sequence[Plugin], run: execution.Running
+    ) -> None:
+        """The last line of a task's expiry: an attempt that reached its node after its task's
+        start-by time (its expiry or deadline: it waited in the node's queue too long) never
+        runs its body. FAILED and logged EXPIRED, nothing charged, no episode (the caller's
+        limit is no verdict on the node); the error reaches the caller (raised here)."""
         late = past_deadline(run)
-        if late is not None:
-            # It waited in the node's queue too long: the body must not start. Nothing ran,
-            # so nothing is charged; the failed episode counts against the node, which took
-            # work it could not start in time (as a missed schedule-to-start does).
-            run.units = 0.0
-            raise late
-        return self.run(*args, **kwargs)
+        if late is None:
+            return
+        ended = outlasting(
+            settings.database_url,
+            f"task {run.task_id}: recording its expiry",
+            lambda: execution.expired(settings, run, late),
+        )
+        if not ended:
+            raise Ignore()  # another moved it meanwhile (a sweeper that expired it): theirs
+        logger.info("task %s: %s", run.task_id, late)
+        self._ended(plugins, run.task_id)
+        raise late
+
+    def _run_body(self, run: execution.Running, args: Any, kwargs: Any) -> Any:
+        """The body (its expiry was checked as it began: ``_unless_expired``)."""
+        with running_under(run):  # bidding.current_award(), for the body only
+            return self.run(*args, **kwargs)
 
     def _record_failure(
         self, settings: Settings, plugins: Sequence[Plugin], run: execution.Running, exc: Exception
@@ -352,32 +433,3 @@ def _outcome_not_written(
             )
     except Exception:  # the store is down too: the watchdogs and the next incarnation remain
         logger.exception("recording that %s's outcome was not written failed", task_id)
-
-
-@task_unknown.connect  # type: ignore[untyped-decorator]  # Celery is untyped
-def _not_registered_on_a_node(
-    sender: Any = None, message: Any = None, name: str = "", id: str = "", **_: Any
-) -> None:
-    """A node's worker received the execution of a task its app does not register: Celery
-    drops the message and stores ``NotRegistered`` for the caller; the store ends the task
-    FAILED with the reason (instead of keeping it ASSIGNED and sending it again for ever) and
-    the task's canvas runs its failure path. Runs in the worker's main process."""
-    headers = getattr(message, "headers", None) or {}
-    attempt, node = headers.get(ATTEMPT_HEADER), headers.get(NODE_HEADER)
-    if attempt is None or node is None or not id:
-        return  # not a bidding execution
-    app = getattr(sender, "app", None) or current_app
-    reason = (
-        f"node {node} cannot run {name}: no task of that name is registered in its "
-        f"workers' app ({app.main}); register it there, or keep it off that node"
-    )
-    settings = get_settings(app)
-    error = NotRegistered(name)  # what Celery stored: the caller sees one error, not two
-    try:
-        announcement = execution.unrunnable(settings, id, int(attempt), str(node), reason, error)
-        if announcement is not None:
-            logger.error("task %s: %s", id, reason)
-            fail_caller(Context(settings, app), announcement, error)
-            history_changed(Context(settings, app), str(node))
-    except Exception:  # never break the worker's consumer; the watchdogs remain
-        logger.exception("recording that %s cannot run on %s failed", id, node)

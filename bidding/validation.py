@@ -84,7 +84,9 @@ def describe_validation(exc: ValidationError, prefix: str = "",
             field = prefix + (".".join(loc) or "(root)")
         allowed = (field_range(model, err["loc"])
                    if model is not None and err["type"] in _BOUND_ERRORS else None)
-        parts.append(f"{field}: {err['msg']} (got {err.get('input')!r})"
+        # A validator's own reason, without pydantic's "Value error, " in front of it.
+        reason = str(err["msg"]).removeprefix("Value error, ")
+        parts.append(f"{field}: {reason} (got {err.get('input')!r})"
                      + (f", allowed: {allowed}" if allowed else ""))
     return "; ".join(parts)
 

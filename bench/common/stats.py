@@ -25,7 +25,13 @@ def summary(values: Sequence[float]) -> dict[str, Any]:
 
 
 def mean_sd(values: Sequence[float], fmt: str, scale: float = 1.0) -> str:
-    """"mean ± sd" of ``values`` times ``scale`` in format ``fmt``; the mean alone for one value."""
+    """"mean ± sd" of ``values`` times ``scale`` in format ``fmt``; the mean alone for one value.
+
+    NaN (a figure a run could not have, as a percentile of fewer than two values) is left out;
+    "-" when no value is left."""
+    values = [v for v in values if not math.isnan(v)]
+    if not values:
+        return "-"
     mean = statistics.fmean(values) * scale
     if len(values) < 2:
         return format(mean, fmt)

@@ -6,19 +6,28 @@ bid from its profile and a ``NodeHistory`` built as ``auction.history.gather_his
 from the store), ``auction.decision.refresh_loads`` and ``auction.decision.decide`` with the
 strategy from ``strategies.resolve_strategy``.
 Nothing of their formulas is copied here.
+
+A task that needs resources is announced with them; each node's registry entry carries its
+declared totals, so ``select_candidates`` keeps the nodes whose totals cover the needs (the
+simulation's own pre-filter below only spares it building the others), and ``decide`` gets
+each bidder's ``placement.Room`` (its totals and what its unfinished attempts reserve) and
+``fit``.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from bench.simulation.federation import capable
 from bench.simulation.sim import Sim
 from bench.simulation.tasks import Task
+from bidding import resources
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.auction.candidates import select_candidates
 from bidding.auction.decision import decide, refresh_loads
+from bidding.auction.placement import Room
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
@@ -37,11 +46,19 @@ class Auction:
     bid_fn: BidFn = compute_bid
     #: ``bidding_candidate_cap`` (None: the production default; 0: ask every eligible node).
     cap: int | None = None
+    #: ``bidding_fit``: how a task that needs resources is placed ("spread" or "pack").
+    fit: str = "spread"
     #: Resolved per run, its tie-break rng seeded, so that a run is reproducible.
     strategy: SelectionStrategy | None = None
 
+    _names: list[str] = field(default_factory=list)
+    _cache: dict[str, tuple[int, int, LiveNode]] = field(default_factory=dict)
+    _rng: random.Random = field(default_factory=random.Random)
+
     def reset(self, seed: int) -> None:
         """A fresh strategy for a new run, its tie-breaks drawn from ``seed``."""
+        self._names, self._cache = [], {}
+        self._rng = random.Random(seed + 1)
         self.strategy = resolve_strategy(self.strategy_spec)
         if hasattr(self.strategy, "rng"):
             self.strategy.rng = random.Random(seed)
@@ -56,16 +73,22 @@ class Auction:
             required_skills=list(task.skills),
             strategy=strategy_name(self.strategy),
             announced_at=now,
+            resources=dict(task.needs),
             **({} if self.cap is None else {"candidate_cap": self.cap}),
         )
-        # The registry lists live nodes ordered by name.
-        live = sorted(
-            (
-                _live(sim.specs[n].profile, now, sim.attempts[n], sim.successes[n])
-                for n in sim.present
-            ),
-            key=lambda n: n.name,
-        )
+        # The registry lists live nodes ordered by name. Only the capable ones are built:
+        # select_candidates' first step keeps exactly those (``federation.capable`` is its
+        # filter), in the same order, so its answer and its draws are the same, and a large
+        # federation costs the bench less.
+        if len(self._names) != len(sim.present):
+            self._names = sorted(sim.present)
+        live = [
+            self._live(sim, n, now)
+            for n in self._names
+            if capable(sim.specs[n], task.skills)
+            and (not task.needs
+                 or resources.shortfall(task.needs, sim.specs[n].profile.resources) is None)
+        ]
         candidates = select_candidates(announcement, live, sim.rng)
         bids: list[Bid] = []
         refusals: list[Refusal] = []
@@ -85,8 +108,25 @@ class Auction:
             self.strategy,
             closed_by="all bids in",
             candidates=len(candidates),
+            rooms={b.node: Room(sim.specs[b.node].profile.resources, dict(sim.reserved[b.node]))
+                   for b in bids} if task.needs else None,
+            fit=self.fit,
+            # Placed awards break ties with this rng: seeded, so that a run is reproducible.
+            rng=self._rng,
         )
         return award.winner
+
+
+    def _live(self, sim: Sim, name: str, now: float) -> LiveNode:
+        """The node's registry entry, rebuilt only when its record changed (the heartbeat
+        time is not read by the candidate filter)."""
+        attempts, successes = sim.attempts[name], sim.successes[name]
+        cached = self._cache.get(name)
+        if cached is None or cached[:2] != (attempts, successes):
+            cached = (attempts, successes,
+                      _live(sim.specs[name].profile, now, attempts, successes))
+            self._cache[name] = cached
+        return cached[2]
 
 
 def _live(profile: NodeProfile, now: float, attempts: int, successes: int) -> LiveNode:
@@ -101,4 +141,5 @@ def _live(profile: NodeProfile, now: float, attempts: int, successes: int) -> Li
         last_heartbeat=now,
         attempts=attempts,
         successes=successes,
+        resources=dict(profile.resources),
     )

@@ -1,4 +1,5 @@
-"""The baseline policies: FIFO, random, least-loaded, and two oracles that know the true rates.
+"""The baseline policies: FIFO, random, least-loaded, power-of-two-choices, and two oracles
+that know the true rates.
 
 "Capable" is the production candidate filter: the node has one of the required skills.
 """
@@ -33,6 +34,17 @@ def least_loaded(sim: Sim, task: Task, now: float) -> str | None:
             for n in sim.present if capable(sim.specs[n], task.skills)}
     least = min(busy.values())
     return sim.rng.choice([n for n, b in busy.items() if b == least])
+
+
+def power_of_two(sim: Sim, task: Task, now: float) -> str | None:
+    """Power of two choices (Mitzenmacher; Sparrow's probes): two capable nodes drawn at
+    random, the one with less work per slot; ties at random."""
+    nodes = [n for n in sim.present if capable(sim.specs[n], task.skills)]
+    pair = sim.rng.sample(nodes, 2) if len(nodes) > 1 else nodes
+    busy = [sim.in_flight(n) / sim.specs[n].profile.capacity for n in pair]
+    if len(pair) == 2 and busy[0] == busy[1]:
+        return sim.rng.choice(pair)
+    return pair[busy.index(min(busy))]
 
 
 def oracle(sim: Sim, task: Task, now: float) -> str | None:

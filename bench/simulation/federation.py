@@ -121,16 +121,33 @@ def replicate(federation: Sequence[NodeSpec], copies: int) -> tuple[NodeSpec, ..
     return tuple(out)
 
 
-def arrival_rate(federation: Sequence[NodeSpec]) -> float:
-    """Tasks/s giving TARGET_LOAD of the founders' capacity, each task costing the mean duration
-    of the nodes capable of it (so a policy that prefers slow nodes runs hotter)."""
+def varied(federation: Sequence[NodeSpec], copies: int, seed: int) -> tuple[NodeSpec, ...]:
+    """Like ``replicate``, but every twin differs from its original: its true success rates
+    times a factor drawn in [0.9, 1.05] (at most 0.99) and its mean durations times one drawn
+    in [0.7, 1.4], per twin and seed. The first copy is ``federation`` itself."""
+    rng = random.Random(seed * 7919 + copies)
+    out = list(federation)
+    for k in range(2, copies + 1):
+        for s in federation:
+            better, faster = rng.uniform(0.9, 1.05), rng.uniform(0.7, 1.4)
+            out.append(replace(
+                s, profile=s.profile.model_copy(update={"name": f"{s.name}-{k}"}),
+                p_true={t: min(0.99, p * better) for t, p in s.p_true.items()},
+                mean_s={t: m * faster for t, m in s.mean_s.items()}))
+    return tuple(out)
+
+
+def arrival_rate(federation: Sequence[NodeSpec], load: float = TARGET_LOAD) -> float:
+    """Tasks/s giving ``load`` (default TARGET_LOAD) of the founders' capacity, each task
+    costing the mean duration of the nodes capable of it (so a policy that prefers slow nodes
+    runs hotter)."""
     founders = [s for s in federation if not s.joins_mid_run]
     length_factor = sum(b[0] * b[4] for b in LENGTH_BANDS)
     work = 0.0
     for task_type, (_, share) in TASK_TYPES.items():
         means = [s.mean_s[task_type] for s in founders if task_type in s.mean_s]
         work += share * statistics.fmean(means) * length_factor
-    return TARGET_LOAD * sum(s.profile.capacity for s in founders) / work
+    return load * sum(s.profile.capacity for s in founders) / work
 
 
 def registration_order(federation: Sequence[NodeSpec], seed: int) -> list[str]:

@@ -40,6 +40,10 @@ class Metrics:
     rolling_success: list[float]
     specialization: list[float]
     newcomer_windows: list[float]
+    #: Percentiles of completion (finish - arrival) over executed tasks after warm-up.
+    completion_p50: float = math.nan
+    completion_p90: float = math.nan
+    completion_p99: float = math.nan
 
 
 def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
@@ -69,6 +73,9 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
     rolling = [(cum[i + 1] - cum[max(0, i + 1 - ROLLING)]) / min(i + 1, ROLLING)
                for i in range(n)]
     windows = range(0, n - WINDOW + 1, WINDOW)
+    done_warm = [r.finish - t.arrival for r, t in zip(recs[warm:], tasks[warm:], strict=True)
+                 if r.node is not None]
+    cuts = statistics.quantiles(done_warm, n=100) if len(done_warm) > 1 else [math.nan] * 99
     return Metrics(
         success=statistics.fmean(ok),
         success_warm=statistics.fmean(ok[warm:]),
@@ -83,4 +90,7 @@ def measure(sim: Sim, federation: Sequence[NodeSpec]) -> Metrics:
         specialization=[statistics.fmean(on_best[i:i + WINDOW]) for i in windows],
         newcomer_windows=[sum(1 for r in recs[i:i + WINDOW] if r.node in newcomers) / WINDOW
                           for i in windows],
+        completion_p50=cuts[49],
+        completion_p90=cuts[89],
+        completion_p99=cuts[98],
     )

@@ -116,3 +116,39 @@ def _tasks_per_node(plt: Any, results: Results, n_tasks: int,
     ax.grid(alpha=0.3, axis="y")
     return fig
 
+
+
+def plot_scale(cells: Any, seeds: Sequence[int]) -> list[str]:
+    """``bench/quality_scale.png``: success after warm-up and p90 completion against the
+    number of nodes, per policy, at each load; the report's lines about it."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return [SKIPPED]
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from bench.simulation.scale import SCALE_POLICIES
+
+    loads = sorted({load for _, load in cells})
+    sizes = sorted({n for n, _ in cells})
+    fig, axes = plt.subplots(2, len(loads), figsize=(6 * len(loads), 9), squeeze=False)
+    for col, load in enumerate(loads):
+        for label, _ in SCALE_POLICIES:
+            style = ":" if label.startswith("ref") else "-"
+            for r, (attr, scale_by) in enumerate((("success_warm", 100), ("completion_p90", 1))):
+                ys = [statistics.fmean(getattr(res[label], attr) * scale_by
+                                       for res in cells[(n, load)]) for n in sizes]
+                axes[r][col].plot(sizes, ys, style, marker="o", label=label)
+        axes[0][col].set(title=f"load {load:.0%}", ylabel="success % after warm-up")
+        axes[1][col].set(xlabel="nodes", ylabel="completion p90 s (log)", yscale="log")
+        for r in (0, 1):
+            axes[r][col].set_xscale("log", base=2)
+            axes[r][col].set_xticks(sizes, [str(n) for n in sizes])
+            axes[r][col].grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(f"Allocation quality at scale ({len(seeds)} seed(s) {seeds[0]}..{seeds[-1]})")
+    path = BENCH_DIR / "quality_scale.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [f"wrote {path.relative_to(BENCH_DIR.parent)}"]

@@ -29,10 +29,14 @@ from bench.simulation.tasks import Task, make_tasks
 
 
 def simulate(policy: Policy, tasks: list[Task], federation: Sequence[NodeSpec],
-             founders: Sequence[str], seed: int) -> Sim:
-    """Run ``policy`` over ``tasks``; ``seed`` is the policy's own random stream."""
+             founders: Sequence[str], seed: int, *, enforce: bool = True,
+             drift: dict[str, tuple[float, float]] | None = None) -> Sim:
+    """Run ``policy`` over ``tasks``; ``seed`` is the policy's own random stream.
+    ``enforce``/``drift``: as ``Sim``'s (resources held to what nodes declare; a node's true
+    rate changing at a time). Resource use is integrated up to the last arrival."""
     specs = {s.name: s for s in federation}
-    sim = Sim(specs, tasks, random.Random(seed))
+    sim = Sim(specs, tasks, random.Random(seed), enforce=enforce, drift=dict(drift or {}),
+              horizon=tasks[-1].arrival if tasks else 0.0)
     sim.records = [Record() for _ in tasks]
     for name in founders:
         sim.join(name)

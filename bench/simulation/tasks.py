@@ -7,7 +7,8 @@ succeeds on node n when u_ok < p_true[n][type]), so differences come from the al
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from bench.simulation.federation import LENGTH_BANDS, TASK_TYPES
 
@@ -26,6 +27,8 @@ class Task:
     #: Common random numbers: success when u_ok < p; duration from z_dur.
     u_ok: float
     z_dur: float
+    #: What one attempt holds while it runs (the announcement's ``resources``); none by default.
+    needs: Mapping[str, float] = field(default_factory=dict)
 
 
 def make_tasks(n: int, seed: int, rate: float) -> list[Task]:

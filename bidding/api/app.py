@@ -14,8 +14,9 @@ from typing import Annotated, Any, TypeVar
 
 from celery import Celery
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from kombu.exceptions import OperationalError as BrokerError
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from sqlalchemy.exc import DataError, OperationalError
 
@@ -33,6 +34,10 @@ from bidding.graphs.submit import submit
 from bidding.graphs.validate import GraphValidationError
 from bidding.observe.auctions import MAX_LIMIT, AuctionFeed, recent_auctions
 from bidding.observe.explain import Explanation, explain
+from bidding.observe.history import AuctionFilter, Outcome
+from bidding.observe.listing import MAX_LIMIT as LIST_LIMIT
+from bidding.observe.listing import TaskSummary, list_tasks
+from bidding.observe.metrics import registry
 from bidding.observe.nodes import NodeView, node_views
 from bidding.observe.reset import ResetOutcome, reset
 from bidding.observe.stats import Stats, collect, window_start
@@ -105,14 +110,19 @@ def _graph_state(p: GraphProgress) -> TaskState:
         progress=p.model_dump(include={"current_step", "total_steps", "percent_complete",
                                        "steps"}),
         current_step=p.current_step, estimated_completion=_estimate_graph(p, clock.now()),
-        cost_so_far=p.cost)
+        cost_so_far=p.cost, tags=p.tags, created_by=p.created_by,
+        estimated_cost=p.estimated_cost, actual_cost=p.cost,
+        ledger=[e.model_dump() for e in p.ledger], remaining_budget=p.remaining_budget)
 
 
 def _task_state(s: TaskStatus) -> TaskState:
     return TaskState(
         task_id=s.task_id, status=aitp_state(s.state), state=s.state, progress=s.progress,
         current_step=1, estimated_completion=_estimate_task(s, clock.now()),
-        cost_so_far=s.cost_so_far, watch=s.watch, parked=s.parked)
+        cost_so_far=s.cost_so_far, watch=s.watch, parked=s.parked, priority=s.priority,
+        expires_at=s.expires_at, tags=s.tags,
+        created_by=s.created_by, estimated_cost=s.estimated_cost, actual_cost=s.actual_cost,
+        ledger=[e.model_dump() for e in s.ledger], remaining_budget=s.remaining_budget)
 
 
 def _per_step(url: str, graph_id: str, fn: Callable[[str], T]) -> dict[str, T]:
@@ -195,6 +205,22 @@ def create_app(celery_app: Celery) -> FastAPI:
         return Submitted(task_id=handle.id, status=progress.status,
                          created_at=progress.created_at)
 
+    @api.get("/aitp/tasks", response_model=list[TaskSummary], dependencies=reads,
+             tags=["tasks"], responses={**_401, **_503})
+    def get_tasks(
+        tag: Annotated[str | None, Query(max_length=64, pattern=r"^[^\x00]+$",
+                                         description="only the tasks with this tag")] = None,
+        state: Annotated[str | None, Query(max_length=16, pattern=r"^[A-Z_]+$",
+                                           description="only the tasks in this state "
+                                           "(SUCCESS, FAILED, EXECUTING...)")] = None,
+        limit: Annotated[int, Query(ge=1, le=LIST_LIMIT,
+                                    description="how many tasks, newest first")] = 50,
+    ) -> list[TaskSummary]:
+        """The latest bidding tasks, newest first (a task graph's subtasks name their graph
+        and carry its tags): state, node, tags, who created them, estimated and actual
+        cost."""
+        return list_tasks(url, tag=tag, state=state, limit=limit)
+
     @api.get("/aitp/tasks/{task_id}", response_model=TaskState, dependencies=reads,
              tags=["tasks"], responses={**_401, **_404, **_503})
     def get_task(task_id: TaskId) -> TaskState:
@@ -261,6 +287,18 @@ def create_app(celery_app: Celery) -> FastAPI:
         except UnknownTaskError as exc:
             raise _not_found(exc) from None
 
+    metrics = registry(settings, celery_app)
+
+    @api.get("/metrics", dependencies=reads, tags=["nodes"], response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {}},
+                              "description": "Prometheus' text format"}, **_401, **_503})
+    def get_metrics() -> Response:
+        """The federation's metrics for Prometheus, read from the store at each scrape:
+        auctions, awards, retries, re-awards, escalations, failures and refusals (counters),
+        assignment latency (histogram), live nodes, tasks in flight, the oldest unassigned
+        task and the journal's backlog (gauges)."""
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
     @api.get("/aitp/nodes", response_model=list[NodeView], dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})
     def get_nodes() -> list[NodeView]:
@@ -283,16 +321,46 @@ def create_app(celery_app: Celery) -> FastAPI:
         return collect(url, window_start(since), protocol=protocol)
 
     @api.get("/aitp/auctions", response_model=AuctionFeed, dependencies=reads,
-             tags=["auctions"], responses={**_401, **_503})
+             tags=["auctions"], responses={**_401, **_503, 422: {
+                 "model": Problem, "description": "A query parameter is not valid (the "
+                 "detail's ``loc`` names it)"}})
     def get_auctions(
         limit: Annotated[int, Query(ge=1, le=MAX_LIMIT,
                                     description="how many auctions, newest first")] = 20,
         after: Annotated[int, Query(ge=0, le=_MAX_ID, description="only auctions that "
-                                    "closed after this cursor (a previous answer's)")] = 0,
+                                    "closed after this cursor (a previous answer's "
+                                    "``cursor``)")] = 0,
+        before: Annotated[int | None, Query(ge=1, le=_MAX_ID, description="only auctions "
+                                            "that closed before this cursor: a previous "
+                                            "answer's ``older``, for the page before it")] = None,
+        outcome: Annotated[Outcome | None, Query(description="awarded (to the best bid), "
+                                                 "fallback (to a fallback node) or failed "
+                                                 "(no winner)")] = None,
+        task_type: Annotated[str | None, Query(min_length=1, max_length=64,
+                                               pattern=r"^[^\x00]+$",
+                                               description="only this task type")] = None,
+        node: Annotated[str | None, Query(min_length=1, max_length=32, pattern=r"^[^\x00]+$",
+                                          description="only auctions this node answered "
+                                          "(bid or refused) or won")] = None,
+        since: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="Unix "
+                                             "time: closed at or after it")] = None,
+        until: Annotated[float | None, Query(ge=0, allow_inf_nan=False, description="Unix "
+                                             "time: closed before it")] = None,
+        contested: Annotated[bool, Query(description="only auctions with two or more bids "
+                                         "in time (refusals and late bids do not count)")
+                             ] = False,
     ) -> AuctionFeed:
-        """The auctions that closed last: each one's bids with their scores and breakdowns,
-        the winner, the assignment latency, and why the winner won."""
-        return recent_auctions(url, limit=limit, after=after)
+        """The auctions that closed, newest first: each one's bids with their scores and
+        breakdowns, the winner, the assignment latency, and why the winner won. Page back
+        through every auction in the store with ``before`` (each answer's ``older``, None on
+        the last page), keeping the same filters; poll for new ones with ``after``."""
+        if since is not None and until is not None and until <= since:
+            raise HTTPException(422, detail=[{
+                "loc": ["query", "until"], "msg": f"until ({until}) must be after since "
+                f"({since})", "type": "value_error", "input": until}])
+        where = AuctionFilter(outcome=outcome, task_type=task_type, node=node, since=since,
+                              until=until, contested=contested)
+        return recent_auctions(url, limit=limit, after=after, before=before, where=where)
 
     @api.get("/aitp/timeline", response_model=Timeline, dependencies=reads, tags=["nodes"],
              responses={**_401, **_503})

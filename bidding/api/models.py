@@ -49,6 +49,9 @@ class TaskState(BaseModel):
     status: str
     #: The finer bidding state (BIDDING, ASSIGNED, DEFERRED, ESCALATED...), for a plain task.
     state: str
+    #: 0-9, higher is more urgent ("high" 8, "normal" 5, "low" 2), for a plain task (a task
+    #: graph's subtasks show their own).
+    priority: int | None = None
     #: AITP 5.3: ``percent_complete``, ``total_steps`` and each step; a plain task's latest
     #: progress report (``current``, ``total``, ``percent``, ``note``) when it made one.
     progress: dict[str, Any]
@@ -64,6 +67,19 @@ class TaskState(BaseModel):
     #: after pass: an announcement this version cannot read); ``reset`` puts it back. None
     #: while it is not parked.
     parked: str | None = None
+    #: Unix time after which a task not started never starts (the earlier of its expiry and
+    #: its deadline); it then ends FAILED with the reason ``expired: ...``. None without one.
+    expires_at: float | None = None
+    #: AITP metadata: tags, creator, the cost its winning bid(s) estimated (a graph's: its
+    #: subtasks' sum; None when no bid said) and the actual cost (its ledger's sum).
+    tags: list[str] = []
+    created_by: str | None = None
+    estimated_cost: float | None = None
+    actual_cost: float = 0.0
+    #: A task graph's ledger: each subtask's entries in the order charged, with the budget
+    #: left after each (``graphs.progress.GraphLedgerLine``); a plain task's entries.
+    ledger: list[dict[str, Any]] = []
+    remaining_budget: float | None = None
 
 
 class TaskResult(BaseModel):

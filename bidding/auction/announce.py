@@ -13,19 +13,18 @@ import logging
 from celery.result import AsyncResult
 from sqlalchemy import bindparam, select
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.auction.award import strategy_of
 from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates
+from bidding.auction.expiry import expire
+from bidding.auction.opening import write_tags
 from bidding.auction.plan import Circumstances, Route, plan_auction
 from bidding.auction.routes import Auction, run_plan
 from bidding.auction.row_writes import CALLER_PATIENCE, new_row, write_new
 from bidding.config import Settings
 from bidding.context import Context
-from bidding.errors import NoBidsError
-from bidding.execution.report import fail_caller
 from bidding.lifecycle import events, journal, parking, states
-from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
@@ -50,10 +49,19 @@ def announce(
     """Record ``announcement``, ask the candidates to bid (now, or after ``delay`` seconds), and
     return
     the AsyncResult of its execution. ``fresh_id``: the task id was generated for this call
-    (not given by the caller), so no other auction can have it."""
+    (not given by the caller), so no other auction can have it. Traced: the task's first span
+    (``tracing.announce_span``)."""
+    with tracing.announce_span(announcement):
+        return _announce(ctx, announcement, delay, fresh_id)
+
+
+def _announce(ctx: Context, announcement: Announcement, delay: float, fresh_id: bool
+              ) -> AsyncResult:
+    """``announce``, within its span."""
     if ctx.settings.auto_migrate:
         ensure_schema(ctx.settings.database_url)
-    if delay > 0:
+    expired = announcement.expired(announcement.announced_at)
+    if delay > 0 or expired:
 
         def schedule() -> bool:
             with write_session(ctx.settings.database_url) as session:
@@ -62,6 +70,9 @@ def announce(
                         announcement, states.PENDING, [], due_at=announcement.announced_at + delay
                     )
                 )
+                if announcement.tags:
+                    session.flush()
+                    write_tags(session, announcement)
                 journal.record(
                     session,
                     announcement.task_id,
@@ -76,6 +87,10 @@ def announce(
         write_new(
             ctx.settings, announcement, f"scheduling {announcement.task_id}", schedule, written=True
         )
+        if expired:
+            # Expired at the call (expires=0, a past datetime or deadline): recorded, never
+            # announced, and ended at once, as a sweeper would end it.
+            expire(ctx, announcement, states.PENDING, where="it was called")
     else:
         open_auction(ctx, announcement, new=True, fresh_id=fresh_id)
     return AsyncResult(announcement.task_id, app=ctx.app)
@@ -91,7 +106,7 @@ def open_auction(
     """Start the auction of ``announcement`` (a new task, or a due retry, deferral or
     scheduled start): filter the live nodes to its candidates, plan its route once and run
     it. False when a due task was already taken by another sweeper."""
-    in_time = announcement.deadline is None or announcement.deadline > clock.now()
+    in_time = not announcement.expired(clock.now())
     # A caller's .delay() outlasts a dropped store connection here too; a sweeper's due task
     # is simply taken again by the next sweep.
     live, candidates, waiting = (
@@ -151,25 +166,23 @@ def _look(
         live = live_nodes(settings, fresh=True)
         candidates = select_candidates(announcement, live)
     waiting = (
-        coming_back(settings, announcement.required_skills) if not candidates and in_time else []
+        coming_back(settings, announcement.required_skills, needs=announcement.resources)
+        if not candidates and in_time else []
     )
     return live, candidates, waiting
 
 
 _DUE = (
-    select(
-        AnnouncementRow.spec,
-        AnnouncementRow.task_id,
-        AnnouncementRow.state,
-        AnnouncementRow.attempt,
-        AnnouncementRow.scan_failures,
-    )
+    select(AnnouncementRow.spec, *parking.SEEN_COLUMNS)
     .where(
         AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
         AnnouncementRow.due_at <= bindparam("now"),
         parking.UNPARKED,
     )
-    .order_by(AnnouncementRow.due_at, AnnouncementRow.task_id)
+    # Most urgent first (tasks waiting for a capable node, or for one coming back, may all come
+    # due at once: the first announced gets the free slot), then oldest; the task id makes
+    # every pass take them in the same order (``lifecycle.parking`` relies on it).
+    .order_by(AnnouncementRow.priority.desc(), AnnouncementRow.due_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
 
@@ -193,10 +206,13 @@ def announce_due(
             announcement = Announcement.model_validate(spec).model_copy(
                 update={"announced_at": now}
             )
-            if announcement.deadline is not None and now > announcement.deadline:
-                _expire(ctx, announcement)
-            elif open_auction(ctx, announcement, new=False):
-                opened += 1
+            with tracing.announce_span(announcement):  # a child of the task's first
+                if announcement.expired(now):
+                    # Never announced again: it ends here (the expiry scan may be a pass
+                    # behind).
+                    expire(ctx, announcement, seen.state, now)
+                elif open_auction(ctx, announcement, new=False):
+                    opened += 1
         except Exception as exc:
             tally.failure(seen, exc)
             if parking.is_outage(exc):
@@ -205,21 +221,3 @@ def announce_due(
             tally.success(seen)
     tally.save(ctx.settings.database_url)
     return opened
-
-
-def _expire(ctx: Context, announcement: Announcement) -> None:
-    """A waiting task whose deadline passed is never started: FAILED."""
-    reason = "deadline passed before the task could start"
-    with write_session(ctx.settings.database_url) as session:
-        moved = transition(
-            session,
-            announcement.task_id,
-            states.FAILED,
-            Log(journal.TASK_FAILED, detail={"error": reason}),
-            Expect(states=states.DUE_STATES, attempt=announcement.attempt),
-            error=reason,
-            finished_at=clock.now(),
-            due_at=None,
-        )
-    if moved:
-        fail_caller(ctx, announcement, NoBidsError(reason))

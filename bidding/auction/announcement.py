@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from bidding import clock
+from bidding.auction.rules import apply_rules, strings_of
 from bidding.config import Settings
 from bidding.errors import ConfigurationError
+from bidding.execution.timing import expiry_time
 from bidding.models import OPTION_KEYS, Announcement, describe_validation, non_json_number
 from bidding.strategies.resolver import resolve_strategy, strategy_name
 
@@ -134,6 +137,16 @@ def refuse_unstorable(where: str, value: Any) -> None:
             "(PostgreSQL refuses it); remove it, or send the data encoded (base64, say)")
 
 
+def pydantic_arguments(task: Task, args: Sequence[Any] | None,
+                       kwargs: Mapping[str, Any] | None) -> tuple[list[Any], dict[str, Any]]:
+    """The call's arguments, with the pydantic models a ``pydantic=True`` task takes dumped to
+    JSON as Celery's own ``apply_async`` dumps them (its body gets them back as models)."""
+    dump = getattr(task, "_dump_pydantic_arguments", None)
+    if dump is not None:
+        args, kwargs = dump(args, kwargs)
+    return list(args or ()), dict(kwargs or {})
+
+
 def build_announcement(
     task: Task,
     settings: Settings,
@@ -144,8 +157,7 @@ def build_announcement(
 ) -> Announcement:
     """Merge task-level defaults, call options and settings into a validated announcement."""
     check_options(options, "bidding")
-    args = list(args or ())
-    kwargs = dict(kwargs or {})
+    args, kwargs = pydantic_arguments(task, args, kwargs)
     payload = arguments_json(task.name, args, kwargs, settings.max_arguments_bytes)
     capability = getattr(task, "capability", None)
     merged: dict[str, Any] = {
@@ -154,6 +166,9 @@ def build_announcement(
         # A task implementing an AITP capability needs nodes with that skill by default.
         "required_skills": _skill_list(getattr(task, "required_skills", None)
                                        or ([capability] if capability else ())),
+        # What one attempt holds on its node, and the items it would like warm there.
+        "resources": getattr(task, "resources", None) or {},
+        "affinity": getattr(task, "affinity", None) or [],
         "strategy": settings.strategy,
         "no_bid": settings.no_bid,
         "window": settings.window,
@@ -165,8 +180,21 @@ def build_announcement(
         "content": payload,
     }
     merged.update({k: v for k, v in options.items() if v is not None})
+    # Celery's expires: an absolute time on the store's clock, from this call's time.
+    now = clock.now()
+    try:
+        expires_at = expiry_time(merged.pop("expires", None), now)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"bidding options of {task.name}: {exc}") from None
     merged["strategy"] = _strategy_spec(merged["strategy"], settings.strategy_allowlist)
     merged["required_skills"] = _skill_list(merged.get("required_skills") or ())
+    # Seed 000's coordinator rules (opt-in), where the call says nothing: the content's own
+    # text only when it is not the arguments' JSON (their keys are no keywords).
+    content = str(merged["content"]) if merged["content"] != payload else ""
+    inferred = apply_rules(merged, (content, *strings_of([args, kwargs])),
+                           settings.skill_keywords, settings.preferred_nodes)
+    if inferred:
+        merged["inferred"] = inferred
     # The options too (args and kwargs were checked by arguments_json).
     refuse_unstorable(f"bidding options of {task.name}", merged)
     try:
@@ -175,6 +203,8 @@ def build_announcement(
             task_name=task.name,
             args=args,
             kwargs=kwargs,
+            announced_at=now,
+            expires_at=expires_at,
             **merged,
         )
     except ValidationError as exc:

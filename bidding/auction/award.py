@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.auction.bid import NodeHistory
 from bidding.auction.bind import (
     ROW_WAIT,
@@ -35,7 +35,8 @@ from bidding.auction.decision import (
     fallback_pool,
     refresh_loads,
 )
-from bidding.auction.history import in_flight_counts
+from bidding.auction.history import in_flight_counts, rooms_of
+from bidding.auction.placement import Room, placed
 from bidding.auction.reserve import AGAIN, Again, reserve
 from bidding.config import Settings
 from bidding.context import Context
@@ -123,7 +124,8 @@ def award_answers(settings: Settings, announcement: Announcement,
 
     def decided_outside(last: bool) -> Award | Again | None:
         counts = in_flight_counts(settings, bidders)
-        award = job.decide(answers, counts)
+        rooms = rooms_of(settings, bidders) if placed(announcement) else None
+        award = job.decide(answers, counts, rooms)
         checked = ([award.winner] if award.winner else []) if last else bidders
         return _outcome(job, bind(job, Decided(award, counts, checked)))
 
@@ -146,13 +148,16 @@ def award_made_inside(settings: Settings, announcement: Announcement, inside: An
 
 
 def _decider(settings: Settings, announcement: Announcement, closing: Closing
-             ) -> tuple[Callable[[Sequence[Bid | Refusal], dict[str, int]], Award], bool]:
+             ) -> tuple[Callable[[Sequence[Bid | Refusal], dict[str, int],
+                                  Mapping[str, Room] | None], Award], bool]:
     """The award on some answers and counts, with the strategy resolved once; and whether
     that strategy decides at once."""
     strategy = strategy_of(settings, announcement)
 
-    def decide(given: Sequence[Bid | Refusal], counts: dict[str, int]) -> Award:
-        return decide_award(settings, announcement, strategy, given, counts, closing)
+    def decide(given: Sequence[Bid | Refusal], counts: dict[str, int],
+               rooms: Mapping[str, Room] | None) -> Award:
+        return decide_award(settings, announcement, strategy, given, counts, closing,
+                            rooms=rooms)
 
     return decide, decides_at_once(strategy)
 
@@ -174,14 +179,17 @@ def _outcome(job: AwardJob, bound: Award | Unbound) -> Award | Again | None:
 
 def decide_award(settings: Settings, announcement: Announcement, strategy: SelectionStrategy,
                  answers: Sequence[Bid | Refusal], counts: dict[str, int], closing: Closing,
-                 extra_load: Mapping[str, int] | None = None) -> Award:
+                 extra_load: Mapping[str, int] | None = None,
+                 rooms: Mapping[str, Room] | None = None) -> Award:
     """The award of ``announcement`` on ``answers`` with the bidders' in-flight ``counts``: the
     strategy's pick among the eligible bids, or the no-bid outcome (a fallback node when the
     task's ``no_bid`` says so). ``extra_load``: awards not in the store yet, by node (the
-    write-behind journal's reservations), counted for a fallback's choice too."""
+    write-behind journal's reservations), counted for a fallback's choice too. ``rooms``:
+    the bidders' room for a task that needs resources or warm items (``placement``)."""
     bids, refusals = sorted_answers(answers)
     award = decide(announcement, refresh_loads(bids, counts), refusals, strategy,
-                   closed_by=closing.by, candidates=closing.candidates)
+                   closed_by=closing.by, candidates=closing.candidates, rooms=rooms,
+                   fit=settings.fit)
     if award.outcome == "failed" and announcement.no_bid == "fallback":
         pool = (fallback_pool(announcement, live_nodes(settings))
                 # never "none to fall back to" from a cached list: read it again first
@@ -208,6 +216,12 @@ def route_award(ctx: Context, announcement: Announcement, award: Award) -> None:
     down past Celery's publish retries) must not lose the task: it is marked undelivered and a
     sweeper sends it again (``sweeper.resend``) once the broker is back.
     """
+    with tracing.award_span(announcement, award):  # the execution's parent
+        _route(ctx, announcement, award)
+
+
+def _route(ctx: Context, announcement: Announcement, award: Award) -> None:
+    """``route_award``, within the award's span."""
     if award.winner is not None:
         # Before the execution, so that Flower has it before the winner's own events.
         events.awarded(ctx.app, announcement, award.winner, exec_queue(award.winner),

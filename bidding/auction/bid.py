@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bidding import clock
+from bidding import clock, resources
 from bidding.auction import scores
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
@@ -24,6 +24,8 @@ class NodeHistory:
 
     #: Outcomes of its latest episodes of this task type, newest first.
     outcomes: tuple[bool, ...] = ()
+    #: Durations (seconds) of the successful ones among them, newest first.
+    durations: tuple[float, ...] = ()
     #: Failures of this task type within ``bidding_recent_failure_seconds``.
     recent_failures: int = 0
     #: Tasks awarded to it that have not finished.
@@ -35,8 +37,9 @@ class NodeHistory:
 
 def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float) -> str | None:
     """Why ``profile``'s node will not bid on ``announcement``, or None when it will."""
-    if announcement.deadline is not None and now > announcement.deadline:
-        return "deadline passed"
+    start_by = announcement.start_by
+    if start_by is not None and now > start_by:
+        return "deadline passed" if start_by == announcement.deadline else "expired"
     if (
         announcement.required_skills
         and skill_match(announcement.required_skills, profile.capabilities) == 0
@@ -45,7 +48,8 @@ def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float)
             f"no matching capability: task needs {', '.join(announcement.required_skills)}; "
             f"node has {', '.join(profile.capabilities)}"
         )
-    return None
+    # What it could never hold, however idle: its declared totals fall short.
+    return resources.shortfall(announcement.resources, profile.resources)
 
 
 def compute_bid(
@@ -91,6 +95,8 @@ def compute_bid(
             f"~{profile.latency_ms:.0f} ms latency, "
             f"{history.in_flight}/{profile.capacity} busy"
         ),
+        estimated_cost=cost,
+        estimated_duration_s=scores.estimated_duration(history.durations),
         metadata={"content_confidence": scores.confidence_score(announcement.content)},
         bid_at=now,
     )

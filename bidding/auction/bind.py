@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, cast
@@ -23,7 +23,8 @@ from bidding import clock
 from bidding.auction.bid import NodeHistory
 from bidding.auction.board import answer_message, bid_values
 from bidding.auction.decision import refresh_loads
-from bidding.auction.history import lock_states
+from bidding.auction.history import lock_states, read_rooms
+from bidding.auction.placement import Room, placed
 from bidding.config import Settings
 from bidding.execution.dispatch import delivery_due
 from bidding.lifecycle import journal, states
@@ -61,7 +62,8 @@ class AwardJob:
     #: The nodes that bid (their rows are locked and their work counted).
     bidders: Sequence[str]
     #: The award on some answers and the bidders' work in flight (``award.decide_award``).
-    decide: Callable[[Sequence[Bid | Refusal], dict[str, int]], Award]
+    decide: Callable[[Sequence[Bid | Refusal], dict[str, int], Mapping[str, Room] | None],
+                     Award]
     #: The answers, made from the bidders' states read under the lock (answers in hand
     #: ignore them; proxy bids are made from them, ``award.AnswersInside``).
     answers: Callable[[Session, dict[str, NodeHistory]], Sequence[Bid | Refusal]]
@@ -156,7 +158,10 @@ def _bind_once(job: AwardJob, decided: Decided | None, made: list[Award]) -> Awa
         now_counts = {name: state.in_flight for name, state in node_states.items()}
         answers = job.answers(session, node_states)
         if decided is None:
-            award = job.decide(answers, now_counts)
+            # A task that needs resources or warm items is placed on what the nodes hold now,
+            # read after the lock as their counts are.
+            rooms = read_rooms(session, job.bidders) if placed(announcement) else None
+            award = job.decide(answers, now_counts, rooms)
         else:
             award = decided.award
             if any(now_counts.get(n, 0) != decided.counts.get(n, 0) for n in decided.checked):
@@ -210,6 +215,9 @@ def write_award(session: Session, settings: Settings, announcement: Announcement
             if inserted.is_winner:
                 counted["winning_bid_id"] = inserted.id
     winner_score = by_node[award.winner].total if award.winner in by_node else None
+    # The task's estimated cost is the winning bid's (AITP ``estimated_cost``); the answers
+    # decided on are in hand whether or not the board wrote them already.
+    won = next((a for a in answers if isinstance(a, Bid) and a.node == award.winner), None)
     if award.winner is not None:
         kind = journal.AWARDED
         detail = {"outcome": award.outcome, "strategy": award.strategy,
@@ -227,6 +235,7 @@ def write_award(session: Session, settings: Settings, announcement: Announcement
                       finished_at=None if award.winner else award.awarded_at,
                       due_at=(delivery_due(settings, announcement, award.awarded_at) if award.winner
                               else None),
+                      estimated_cost=won.estimated_cost if won is not None else None,
                       **counted):
         return False
     if write:

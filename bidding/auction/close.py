@@ -61,10 +61,7 @@ def close_auction(ctx: Context, task_id: str, attempt: int,
         silent
         and candidates
         and announcement.silent_rounds < ctx.settings.silent_rounds
-        and (
-            announcement.deadline is None
-            or announcement.deadline > clock.now() + announcement.window
-        )
+        and not announcement.expired(clock.now() + announcement.window)
     ):
         # Not one candidate answered, or could bid: a node killed before its heartbeat
         # expired, workers reconnecting to a restarted broker, a store restarting; no

@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery, bootsteps
 from kombu.messaging import Consumer
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.auction.bid_request import BidRequest
 from bidding.auction.bidder import NodeBidder, node_bidder
 from bidding.auction.board import RequestIntake, get_board, write_answer
@@ -112,7 +112,9 @@ def answer(
                 f"(its workers run -A {ctx.app.main})",
             )
         else:
-            response = place_bid(ctx.settings, announcement, profile, request.history_version)
+            with tracing.bid_span(announcement, node) as span:
+                response = place_bid(ctx.settings, announcement, profile, request.history_version)
+                tracing.note_answer(span, response)
     except Exception as exc:  # a bid never raises: the auction must still close
         logger.exception("bid of %s on %s failed", node, announcement.task_id)
         response = Refusal(

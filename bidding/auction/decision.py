@@ -8,11 +8,14 @@ Nothing here reads or writes the store: ``award`` applies a decision in one tran
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
+from bidding.auction import placement
+from bidding.auction.placement import Room
 from bidding.auction.scores import load_score
 from bidding.models import BUDGET_EPSILON, Announcement, Award, Bid, Refusal, Score
+from bidding.strategies.builtins import best_of
 from bidding.strategies.protocol import (
     ScoringStrategy,
     SelectionStrategy,
@@ -78,8 +81,16 @@ def decide(
     *,
     closed_by: str,
     candidates: int,
+    rooms: Mapping[str, Room] | None = None,
+    fit: str = "spread",
+    rng: random.Random | None = None,
 ) -> Award:
-    """Rank the bids of ``announcement`` and name the winner, or say why there is none."""
+    """Rank the bids of ``announcement`` and name the winner, or say why there is none.
+
+    ``rooms``: the bidders' room for the task (``placement``), read under the award's lock;
+    a scoring strategy's scores of a task that needs resources or warm items are multiplied
+    by each node's placement (``fit``: "spread" or "pack") and the best of them wins. A
+    strategy that only selects is given the bids as they are."""
     name = strategy_name(strategy)
     eligible: list[Bid] = []
     scores: list[Score] = []
@@ -97,6 +108,13 @@ def decide(
     if not eligible:
         return award(outcome="failed",
                      error=_no_winner_message(announcement, bids, refusals, scores, candidates))
+    if rooms is not None and placement.placed(announcement) and isinstance(
+            strategy, ScoringStrategy):
+        placed = [_placed(score, placement.multipliers(announcement, rooms.get(score.node), fit))
+                  for score in strategy.score_all(eligible, announcement, caps)]
+        scores.extend(placed)
+        return award(outcome="awarded", winner=best_of(
+            eligible, {s.node: s.total for s in placed}, rng or random.Random()).node)
     if isinstance(strategy, ScoringStrategy):
         scores.extend(strategy.score_all(eligible, announcement, caps))
     winner = run_select(strategy, eligible, announcement, caps)
@@ -111,6 +129,17 @@ def decide(
             for s in scores
         ]
     return award(outcome="awarded", winner=winner.node)
+
+def _placed(score: Score, by: dict[str, float]) -> Score:
+    """``score`` with its node's placement multipliers applied (and shown)."""
+    if not by:
+        return score
+    total = score.total
+    for factor in by.values():
+        total *= factor
+    return score.model_copy(update={"total": total,
+                                    "multipliers": {**score.multipliers, **by}})
+
 
 def _no_winner_message(
     announcement: Announcement,
@@ -134,8 +163,7 @@ def _no_winner_reason(
     candidates: int,
 ) -> str:
     if candidates == 0:
-        skills = ", ".join(announcement.required_skills) or "any skill"
-        return f"{NO_BIDDERS}: no live node offers {skills}"
+        return f"{NO_BIDDERS}: no live node offers {announcement.wanted}"
     if not bids:
         if refusals:
             reasons = "; ".join(f"{r.node}: {r.reason}" for r in refusals)

@@ -20,9 +20,10 @@ from typing import cast
 from sqlalchemy import Select, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
-from bidding import clock
+from bidding import clock, resources
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import get_board
+from bidding.auction.placement import Room
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.lifecycle import states
@@ -128,16 +129,16 @@ _TOTALS_OF = (select(Node.name, Node.attempts, Node.successes)
               .where(Node.name.in_(bindparam("nodes", expanding=True))))
 
 
-_latest_of: dict[int, Select[tuple[str, bool, float]]] = {}
+_latest_of: dict[int, Select[tuple[str, bool, float, float]]] = {}
 
 
-def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
+def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float, float]]:
     """The latest episodes of ``count`` nodes in one statement: one index range scan each
     (``ix_bidding_episodes_node_type``), however long a node's history is. Built once per
     count: building a statement costs more than running it."""
     statement = _latest_of.get(count)
     if statement is None:
-        parts = [select(Episode.node, Episode.success, Episode.finished_at)
+        parts = [select(Episode.node, Episode.success, Episode.finished_at, Episode.duration_s)
                  .where(Episode.node == bindparam(f"node_{i}"),
                         Episode.task_type == bindparam("task_type"),
                         # An attempt lost with its worker says nothing of the task type
@@ -146,7 +147,7 @@ def _latest_of_nodes(count: int) -> Select[tuple[str, bool, float]]:
                  .order_by(Episode.finished_at.desc())
                  .limit(bindparam("limit")).subquery(f"latest_{i}")
                  for i in range(count)]
-        statement = cast(Select[tuple[str, bool, float]],
+        statement = cast(Select[tuple[str, bool, float, float]],
                          union_all(*(select(part) for part in parts)))
         _latest_of[count] = statement
     return statement
@@ -179,9 +180,10 @@ def read_histories(
     latest = conn.execute(_latest_of_nodes(len(names)),
                           {**params, "task_type": task_type,
                            "limit": settings.experience_window}).all()
-    outcomes: dict[str, list[tuple[float, bool]]] = {name: [] for name in names}
+    outcomes: dict[str, list[tuple[float, bool, float]]] = {name: [] for name in names}
     for row in latest:
-        outcomes[row.node].append((row.finished_at, bool(row.success)))
+        outcomes[row.node].append((row.finished_at, bool(row.success),
+                                   float(row.duration_s or 0.0)))
     if known is None:
         failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
             "nodes": names, "task_type": task_type,
@@ -194,10 +196,13 @@ def read_histories(
                                    attempts=int(totals.get(name, (0, 0))[0]),
                                    successes=int(totals.get(name, (0, 0))[1]))
                  for name in names}
+    latest_first = {name: sorted(outcomes[name], key=lambda p: p[0], reverse=True)
+                    for name in names}
     return {name: dataclasses.replace(
                 known.get(name, NodeHistory()),
-                outcomes=tuple(ok for _, ok in sorted(outcomes[name], key=lambda p: p[0],
-                                                      reverse=True)))
+                outcomes=tuple(ok for _, ok, _ in latest_first[name]),
+                # What the built-in bidder's duration estimate is made of.
+                durations=tuple(took for _, ok, took in latest_first[name] if ok))
             for name in names}
 
 
@@ -300,3 +305,36 @@ def history_changed(ctx: Context, node: str) -> None:
         history_version.bump(shared.client if shared is not None else None, node)
     except Exception:
         logger.warning("could not mark the history of %s changed", node, exc_info=True)
+
+
+_ROOMS_OF = (select(Node.name, Node.resources, Node.warm)
+             .where(Node.name.in_(bindparam("nodes", expanding=True))))
+#: What the nodes' unfinished attempts hold (only rows that hold something have resources).
+_RESERVED_OF = (select(AnnouncementRow.assigned_node, AnnouncementRow.resources)
+                .where(AnnouncementRow.assigned_node.in_(bindparam("nodes", expanding=True)),
+                       AnnouncementRow.state.in_(sorted(states.IN_FLIGHT_STATES)),
+                       AnnouncementRow.resources.is_not(None)))
+
+
+def read_rooms(session: Session, nodes: Sequence[str]) -> dict[str, Room]:
+    """Each node's room for a placement (``auction.placement``): its declared resources,
+    what its unfinished attempts (ASSIGNED or EXECUTING) reserve, and what it holds warm.
+    Read in the award's transaction, after its lock, so that two awards never count the same
+    free resources."""
+    if not nodes:
+        return {}
+    names = sorted(set(nodes))
+    conn = core(session)
+    held: dict[str, list[Mapping[str, float]]] = {}
+    for node, needs in conn.execute(_RESERVED_OF, {"nodes": names}).all():
+        held.setdefault(str(node), []).append(needs or {})
+    return {str(name): Room(totals=dict(totals or {}),
+                            reserved=resources.total(held.get(str(name), [])),
+                            warm=frozenset(warm or ()))
+            for name, totals, warm in conn.execute(_ROOMS_OF, {"nodes": names}).all()}
+
+
+def rooms_of(settings: Settings, nodes: Sequence[str]) -> dict[str, Room]:
+    """``read_rooms`` in a read session of its own."""
+    with read_session(settings.database_url) as session:
+        return read_rooms(session, nodes)

@@ -68,8 +68,8 @@ def announcement_prompt(announcement: Announcement, draft: Bid, now: float | Non
         lines.append(f"Shortened for this request: {cut}")
     if announcement.budget is not None:
         lines.append(f"Budget: {announcement.budget:g} (spent so far: {announcement.spent:g})")
-    if announcement.deadline is not None:
-        lines.append(f"Deadline: in {max(0.0, announcement.deadline - now):.0f} s")
+    if announcement.start_by is not None:
+        lines.append(f"Deadline: in {max(0.0, announcement.start_by - now):.0f} s")
     lines.append(
         f"Your record suggests confidence {draft.confidence:.2f}; your cost would be "
         f"{draft.cost:.4f}; {draft.in_flight}/{draft.capacity} of your slots are busy."

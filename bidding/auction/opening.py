@@ -1,5 +1,6 @@
-"""A new announcement's row and its ANNOUNCED message: written by the caller's transaction,
-or later by the write-behind journal (``auction.writebehind``) from the same values."""
+"""A new announcement's row, its tags and its ANNOUNCED message: written by the caller's
+transaction, or later by the write-behind journal (``auction.writebehind``) from the same
+values."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy.orm import Session
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement
 from bidding.store.once import insert_once
-from bidding.store.schema import AnnouncementRow
+from bidding.store.schema import AnnouncementRow, Tag
 
 
 def row_values(announcement: Announcement, state: str, candidates: list[str], *,
@@ -26,6 +27,8 @@ def row_values(announcement: Announcement, state: str, candidates: list[str], *,
         "preferred_node": announcement.preferred_node,
         "priority": announcement.priority,
         "deadline": announcement.deadline,
+        # The start-by time (the earlier of deadline and expiry): what the expiry scan reads.
+        "expires_at": announcement.start_by,
         "budget": announcement.budget,
         "strategy": announcement.strategy,
         "spec": announcement.model_dump(mode="json"),
@@ -36,7 +39,20 @@ def row_values(announcement: Announcement, state: str, candidates: list[str], *,
         "announced_at": announcement.announced_at,
         "closes_at": announcement.announced_at + announcement.window,
         "due_at": due_at,
+        "created_by": announcement.created_by,
+        # None when it needs nothing: a node's reservations sum only the rows that hold some.
+        "resources": announcement.resources or None,
     }
+
+
+_TAGS = cast(Table, Tag.__table__)
+
+
+def write_tags(session: Session, announcement: Announcement) -> None:
+    """The task's tags, a row each (once: a journal entry may be written twice). Its row must
+    be written first (flushed, for an ORM row): each tag refers to it."""
+    for tag in announcement.tags:
+        insert_once(session, _TAGS, {"task_id": announcement.task_id, "tag": tag})
 
 
 _ANNOUNCEMENTS = cast(Table, AnnouncementRow.__table__)
@@ -56,6 +72,7 @@ def record_new(
     else:
         # Core statements: the caller's path is the hottest in a burst.
         session.execute(_INSERT_ANNOUNCEMENT, values)
+    write_tags(session, announcement)
     journal.write(
         session,
         [

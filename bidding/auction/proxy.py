@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.auction.award import (
     PROXY_CLOSE,
     AnswersInside,
@@ -62,7 +62,8 @@ def profile_of(node: LiveNode) -> NodeProfile:
     """The profile ``node`` published with its heartbeat (validated when its worker loaded it)."""
     return NodeProfile.model_construct(
         name=node.name, capabilities=list(node.capabilities), capacity=node.capacity,
-        price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust)
+        price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust,
+        resources=dict(node.resources), warm=list(node.warm))
 
 
 def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequence[LiveNode],
@@ -83,10 +84,14 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
 
 def answers_of(announcement: Announcement, profiles: Sequence[NodeProfile],
                histories: dict[str, NodeHistory], now: float) -> list[Bid | Refusal]:
-    """``compute_bid`` for each profile, on its history (empty when it was not read)."""
-    return [
-        compute_bid(announcement, p, histories.get(p.name, NodeHistory()), now) for p in profiles
-    ]
+    """``compute_bid`` for each profile, on its history (empty when it was not read); each a
+    bid's span when traced."""
+    answers: list[Bid | Refusal] = []
+    for p in profiles:
+        with tracing.bid_span(announcement, p.name) as span:
+            answers.append(compute_bid(announcement, p, histories.get(p.name, NodeHistory()), now))
+            tracing.note_answer(span, answers[-1])
+    return answers
 
 
 def answers_inside(

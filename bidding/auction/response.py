@@ -6,8 +6,10 @@ None. ``judged`` turns that into what the node answers the auction:
 - None: the draft, unchanged (the bidder agrees with the built-in bid);
 - ``will_bid=False``: a refusal whose reason is the bidder's ``reasoning``;
 - ``will_bid=True``: the draft's sub-scores (capability, experience, load, cost, trust...)
-  with the bidder's ``confidence``, ``proposal`` and ``reasoning``; the draft's own
-  confidence is kept in ``metadata["draft_confidence"]``;
+  with the bidder's ``confidence``, ``proposal`` and ``reasoning``; its ``estimated_cost``
+  and ``estimated_duration_s`` where it gives them (else the draft's); its ``metadata``
+  merged over the draft's; the draft's own confidence is kept in
+  ``metadata["draft_confidence"]``;
 - anything else: a refusal saying what was wrong with it (the auction goes on).
 
 A dict may carry ``usage`` besides seed 001's fields (tokens, requests, cost: numbers), which
@@ -92,7 +94,14 @@ def judged(draft: Bid, value: Any, bidder: str, now: float) -> Bid | Refusal:
         "bidder": bidder,
         "usage": usage,
         "bid_at": now,
-        "metadata": {**draft.metadata, "draft_confidence": draft.confidence},
+        "estimated_cost": (draft.estimated_cost if response.estimated_cost is None
+                           else response.estimated_cost),
+        "estimated_duration_s": (draft.estimated_duration_s
+                                 if response.estimated_duration_s is None
+                                 else response.estimated_duration_s),
+        # The bidder's figures over the draft's; the draft's confidence is ours to record.
+        "metadata": {**draft.metadata, **response.metadata,
+                     "draft_confidence": draft.confidence},
     })
 
 

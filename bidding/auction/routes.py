@@ -290,7 +290,7 @@ def _defer(auction: Auction, plan: AuctionPlan) -> bool:
         events.deferred(
             auction.app,
             announcement,
-            "no live node offers " + (", ".join(announcement.required_skills) or "any skill"),
+            f"no live node offers {announcement.wanted}",
         )
     return True
 

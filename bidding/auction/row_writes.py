@@ -12,7 +12,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from bidding import clock
-from bidding.auction.opening import row_values
+from bidding.auction.opening import row_values, write_tags
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.errors import EscalatedError
@@ -72,8 +72,12 @@ def reopen(session: Session, announcement: Announcement, candidates: list[str]) 
     """Move a due task (a retry, a deferral, a scheduled start) back to BIDDING for its
     auction; False when another sweeper took it first."""
     return transition(session, announcement.task_id, states.BIDDING,
-                      Log(journal.ANNOUNCED, detail={"task_type": announcement.task_type,
-                                                     "candidates": candidates}),
+                      Log(journal.ANNOUNCED, detail={
+                          "task_type": announcement.task_type, "candidates": candidates,
+                          # Which nodes this attempt was to avoid (they failed the task or
+                          # lost it), for explain: the row keeps only the latest attempt's.
+                          **({"exclude_nodes": list(announcement.exclude_nodes)}
+                             if announcement.exclude_nodes else {})}),
                       Expect(states=states.DUE_STATES, attempt=announcement.attempt),
                       spec=announcement.model_dump(mode="json"), candidates=candidates,
                       expected_bids=len(candidates), bids_received=0, due_at=None,
@@ -88,7 +92,7 @@ def await_nodes(session: Session, settings: Settings, announcement: Announcement
     lasts past ``bidding_liveness_grace``."""
     now = clock.now()
     wait = settings.heartbeat_interval
-    skills = ", ".join(announcement.required_skills) or "any skill"
+    skills = announcement.wanted
     detail: dict[str, Any] = {
         "reason": (f"no live node offers {skills} right now; waiting for {', '.join(nodes)} "
                    f"(offline for less than {settings.liveness_grace:g}s: reconnecting to "
@@ -112,7 +116,7 @@ def defer(session: Session, announcement: Announcement, *, new: bool) -> Deferra
     """No live node can do the task: announce it again later, or escalate it after too many
     tries."""
     fallbacks = announcement.fallbacks
-    skills = ", ".join(announcement.required_skills) or "any skill"
+    skills = announcement.wanted
     now = clock.now()
     if announcement.deferrals >= fallbacks.max_deferrals:
         # Never a new task: it starts with 0 deferrals ("deferrals" is no caller option) and
@@ -137,6 +141,9 @@ def _to_deferred(session: Session, announcement: Announcement, later: Announceme
     compare-and-set. ``later``: the spec to announce then (None: unchanged)."""
     if new:
         session.add(new_row(later or announcement, states.DEFERRED, [], due_at=due))
+        if announcement.tags:
+            session.flush()
+            write_tags(session, announcement)
         journal.record(session, announcement.task_id, journal.DEFERRED,
                        attempt=announcement.attempt, at=now, **detail)
         return True

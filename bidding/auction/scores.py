@@ -88,3 +88,11 @@ def estimated_cost(price_per_unit: float, units: float) -> float:
     return price_per_unit * units
 
 
+
+
+def estimated_duration(durations: Sequence[float]) -> float | None:
+    """The built-in bidder's estimate of an attempt's duration: the mean of the node's latest
+    successful episodes of the task type (seconds); None without any (it does not guess)."""
+    if not durations:
+        return None
+    return sum(durations) / len(durations)

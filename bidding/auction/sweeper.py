@@ -1,5 +1,7 @@
 """What every node worker's sweeper does, every ``bidding_sweep_interval`` seconds.
 
+0. ends the tasks not started by their start-by time, their expiry or deadline
+   (``expiry.end_expired``): waiting ones are never announced again;
 1. closes auctions past their window (``close.close_expired``, the deadline closer);
 2. announces tasks whose scheduled start, retry backoff or deferral has come
    (``announce.announce_due``);
@@ -14,10 +16,14 @@ store), and the node's turn at the retention job: one node at a time prunes the 
 finished more than ``bidding_retention_days`` ago (``lifecycle.retention``).
 
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
-without a final state; concurrent sweeps of several nodes are made harmless by the transitions'
-compare-and-set. On a node each phase runs on a loop of its own (``Sweeper``), so one that
-blocks (a half-open connection until its timeout, a store waiting for a lock) cannot stop the
-others.
+without a final state. Every phase reads the whole federation's due work, so one node sweeps:
+the holder of the sweeper lease (``lifecycle.lease``), renewed every heartbeat interval; the
+others look at it as often and take it over when it lapses (its holder killed, or without its
+broker). Two sweeping at once for a moment is harmless: the transitions are compare-and-sets.
+A phase that keeps finding nothing slows down to ``IDLE_INTERVAL`` (an idle federation costs
+a few statements a second, however many nodes it has). On the holder each phase runs on a loop
+of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
+a lock) cannot stop the others.
 """
 
 from __future__ import annotations
@@ -26,36 +32,42 @@ import functools
 import logging
 import os
 import socket
+from collections.abc import Callable
 
 from celery import Celery
 
 from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
+from bidding.auction.expiry import end_expired
 from bidding.auction.watchdog import check_winners
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.execution.report import report_results
+from bidding.lifecycle import lease
 from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
-from bidding.nodes.periodic import Periodic
+from bidding.nodes.periodic import Periodic, idle_pause
 
 logger = logging.getLogger(__name__)
 
 
-#: Sweeps per ``bidding_sweep_interval`` across the whole federation, on average: each node's
-#: interval grows with the number of live nodes, so 64 idle nodes cost what 4 do.
-SWEEPS_PER_INTERVAL = 4
+#: After ``periodic.IDLE_PASSES`` passes of a phase that found nothing in a row, its interval
+#: starts to double from ``bidding_sweep_interval``, up to ``IDLE_INTERVAL`` seconds; the first
+#: pass that finds work brings it back. An idle federation's store then sees a few sweeps a second,
+#: and work that arrives waits at most ``IDLE_INTERVAL`` for its first sweep (auctions close on
+#: their last answer, and tasks start on their award: a sweep is their fallback).
+IDLE_INTERVAL = 1.0
 
 
 def sweep(ctx: Context) -> int:
     """One sweep: close expired auctions, announce due tasks, report outcomes, watch winners
     (the plug-ins' loops, e.g. task graphs', run on their own).
 
-    Returns the number of nodes alive, which sets the next sweep's interval.
+    Returns the number of nodes alive.
     """
     # Each phase on its own: a failing one (the bid board's Redis unreachable, say) must not
     # stop the others, or retries, deferrals and watchdogs would stop with it.
-    for phase in (close_expired, announce_due, report_results):
+    for phase in (end_expired, close_expired, announce_due, report_results):
         try:
             phase(ctx)
         except Exception:
@@ -63,50 +75,135 @@ def sweep(ctx: Context) -> int:
     return check_winners(ctx)[1]
 
 
-def sweep_interval(settings: Settings, alive: int) -> float:
-    """This node's seconds between sweeps when ``alive`` nodes sweep too."""
-    return settings.sweep_interval * max(1.0, alive / SWEEPS_PER_INTERVAL)
+def idle_interval(base: float, empty_passes: int) -> float:
+    """A phase's seconds between passes after ``empty_passes`` that found nothing in a row:
+    ``base`` until ``IDLE_PASSES``, then doubling up to ``IDLE_INTERVAL`` (never below
+    ``base``: a slower configured sweep stays as slow)."""
+    return idle_pause(base, empty_passes, IDLE_INTERVAL)
+
+
+def found_work(result: object) -> bool:
+    """Whether a phase's result says it did something (a count, or check_winners' pair)."""
+    if isinstance(result, tuple):
+        result = result[0]
+    return isinstance(result, int) and result > 0
 
 
 #: The phases of a sweep, by the name each is looked up under when it runs.
-PHASES = ("close_expired", "announce_due", "report_results", "check_winners")
+PHASES = ("end_expired", "close_expired", "announce_due", "report_results", "check_winners")
 
 
 class Sweeper:
-    """A node's sweeper: each phase on a restartable loop (thread) of its own, every
-    ``sweep_interval`` (with jitter, so the nodes' sweeps spread out)."""
+    """A node's sweeper: the lease loop, always; while this node holds the federation's
+    sweeper lease (``lifecycle.lease``), each phase on a restartable loop (thread) of its own.
+    A node that stands by runs no phase thread at all: an idle standby wakes for its lease
+    look, its heartbeat and its watch, nothing else."""
 
-    def __init__(self, settings: Settings, app: Celery) -> None:
+    def __init__(self, settings: Settings, app: Celery, holder: str | None = None) -> None:
         self.settings = settings
         self.app = app
-        #: Nodes alive at the last watch (sets the interval).
-        self.alive = 1
-        self.loops = [Periodic(f"bidding-sweeper-{name}", self.interval,
-                               functools.partial(self.run, name), jitter=0.25)
-                      for name in PHASES]
+        #: Who holds the lease, as the jobs table shows it (this worker, this process).
+        self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
+        #: Whether this node sweeps the federation now (holds the lease).
+        self.leading = False
+        #: Passes in a row that found nothing, by phase.
+        self.empty: dict[str, int] = {name: 0 for name in PHASES}
+        self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
+                                    self.hold_lease, jitter=0.1)
+        #: The loops that run while this node sweeps the federation.
+        self.sweeping = [Periodic(f"bidding-sweeper-{name}", functools.partial(self.interval, name),
+                                  functools.partial(self.run, name), jitter=0.25)
+                         for name in PHASES]
+        #: The loops every node runs (its own work: a plug-in's writer, its retention look).
+        self.own: list[Periodic] = []
         for plugin in plugins_of(Context(settings, app)):
-            self.loops += [Periodic(loop.name, loop.interval, loop.run, jitter=0.25)
-                           for loop in plugin.loops(self.interval)]
-        retention = RetentionJob(settings, f"{socket.gethostname()}:{os.getpid()}")
-        self.loops.append(Periodic("bidding-retention", retention.interval, retention.run,
-                                   jitter=0.25))
+            for loop in plugin.loops(lambda: self.settings.sweep_interval):
+                if loop.federation_wide:
+                    # A phase of the sweep like the others: run by the holder, slower idle.
+                    self.empty[loop.name] = 0
+                    self.sweeping.append(Periodic(
+                        loop.name, functools.partial(self.interval, loop.name),
+                        functools.partial(self._pass, loop.name, loop.run), jitter=0.25))
+                else:
+                    self.own.append(Periodic(loop.name, loop.interval, loop.run, jitter=0.25))
+        retention = RetentionJob(settings, self.holder)
+        self.own.append(Periodic("bidding-retention", retention.interval, retention.run,
+                                 jitter=0.25))
+        self._started = False
 
-    def interval(self) -> float:
-        """Seconds until this node's next sweep of a phase."""
-        return sweep_interval(self.settings, self.alive)
+    @property
+    def loops(self) -> list[Periodic]:
+        """Every loop this sweeper may run."""
+        return [self._lease_loop, *self.sweeping, *self.own]
+
+    def lease_interval(self) -> float:
+        """Seconds between two looks at the lease (a heartbeat interval)."""
+        return self.settings.heartbeat_interval
+
+    def interval(self, phase: str) -> float:
+        """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
+        return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0))
+
+    def hold_lease(self) -> bool:
+        """Take or renew the sweeper lease for a heartbeat TTL; start or stop the sweeping
+        loops when that changes, and say so."""
+        try:
+            held = lease.hold(self.settings.database_url, self.holder,
+                              self.settings.heartbeat_ttl)
+        except Exception:
+            self._lead(False)  # the store unreachable: another node may sweep meanwhile
+            raise
+        self._lead(held)
+        return held
+
+    def _lead(self, held: bool) -> None:
+        if held == self.leading:
+            return
+        logger.info("%s: %s", self.holder, "sweeps the federation (holds the sweeper lease)"
+                    if held else "stands by (another node sweeps the federation)")
+        self.leading = held
+        if not self._started:
+            return
+        if held:
+            self.empty = dict.fromkeys(self.empty, 0)
+            for loop in self.sweeping:
+                loop.start()
+        else:
+            for loop in self.sweeping:
+                loop.stop()
 
     def run(self, phase: str) -> None:
-        """Run one phase once (looked up by name now, so a wrapper around it is honoured)."""
-        result = globals()[phase](Context(self.settings, self.app))
-        if phase == "check_winners":
-            self.alive = result[1]
+        """Run one phase once while this node sweeps (looked up by name now, so a wrapper
+        around it is honoured)."""
+        self._pass(phase, lambda: globals()[phase](Context(self.settings, self.app)))
+
+    def _pass(self, name: str, run: Callable[[], object]) -> None:
+        """One pass of a sweeping loop while this node sweeps, counting the empty ones."""
+        if not self.leading:
+            return
+        self.empty[name] = 0 if found_work(run()) else self.empty.get(name, 0) + 1
 
     def start(self) -> None:
-        """Start every phase's loop."""
-        for loop in self.loops:
+        """Look at the lease once now (a federation's first node sweeps from its start, not
+        a heartbeat interval later), then start the lease loop, this node's own loops, and the
+        sweeping ones if it holds the lease."""
+        self._started = True
+        try:
+            self.hold_lease()
+        except Exception as exc:  # the lease loop tries again, with backoff
+            logger.warning("%s: the sweeper lease could not be read yet (%s)", self.holder, exc)
+        for loop in (self._lease_loop, *self.own, *(self.sweeping if self.leading else ())):
             loop.start()
 
     def stop(self) -> None:
-        """Stop every loop (each finishes the phase it is running)."""
+        """Stop every loop (each finishes the phase it is running), and give the lease up so
+        that another node sweeps at its next look."""
+        self._started = False
         for loop in self.loops:
             loop.stop()
+        if self.leading:
+            self.leading = False
+            try:
+                lease.give_up(self.settings.database_url, self.holder)
+            except Exception as exc:  # it lapses in a heartbeat TTL anyway
+                logger.warning("%s: giving up the sweeper lease failed (%s)", self.holder, exc)

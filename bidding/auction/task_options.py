@@ -20,7 +20,8 @@ from bidding.errors import ConfigurationError
 from bidding.models import OPTION_KEYS, Announcement, describe_validation
 
 #: The options a bidding task takes as class attributes (decorator keywords).
-CLASS_OPTIONS: tuple[str, ...] = ("task_type", "required_skills", "bidding", "retry_policy")
+CLASS_OPTIONS: tuple[str, ...] = ("task_type", "required_skills", "bidding", "retry_policy",
+                                  "resources", "affinity")
 #: Celery decorator options that become class attributes without being attributes of Celery's
 #: Task (``celery.app.autoretry`` reads them with getattr): never taken for typos.
 CELERY_OPTIONS: frozenset[str] = frozenset({
@@ -85,6 +86,8 @@ def _check_defaults(cls: type, name: str) -> None:
         "task_type": getattr(cls, "task_type", None) or name.rsplit(".", 1)[-1],
         "required_skills": getattr(cls, "required_skills", None) or (),
         "retry_policy": getattr(cls, "retry_policy", None),
+        "resources": getattr(cls, "resources", None) or {},
+        "affinity": getattr(cls, "affinity", None) or [],
     }
     merged.update({k: v for k, v in defaults.items() if v is not None})
     skills = merged["required_skills"]

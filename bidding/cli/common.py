@@ -13,7 +13,7 @@ from celery import Celery
 from celery.app.utils import find_app
 from sqlalchemy.exc import OperationalError
 
-from bidding.config import Settings, get_settings, load_settings
+from bidding.config import Settings, get_settings, load_settings, use_store_settings
 from bidding.errors import BiddingError
 from bidding.store import sqlite_path, store_label
 
@@ -44,7 +44,11 @@ def settings_of(app_name: str | None, database_url: str | None,
     """The app's settings (or the defaults and BIDDING_* without an app), with the store URL
     given on the command line in place of the app's."""
     try:
-        settings = get_settings(app or load_app(app_name)) if app_name else load_settings({})
+        if app_name:
+            settings = get_settings(app or load_app(app_name))
+        else:
+            settings = load_settings({})
+            use_store_settings(settings)
     except BiddingError as exc:
         # A bad bidding_* setting or BIDDING_* variable is the user's to fix: one line, like a
         # bad profile, not a traceback.

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import click
 
 from bidding import clock
 from bidding.cli.common import app_option, db_option, reading, settings_of
 from bidding.store import store_label
+
+if TYPE_CHECKING:
+    from bidding.observe.nodes import NodeView
 
 
 @click.command()
@@ -41,6 +45,50 @@ def nodes(app_name: str | None, database_url: str | None, as_json: bool) -> None
                    f"{n.attempts:>5} {n.price_per_unit:>8g} {n.latency_ms:>5.0f} ms "
                    f"{now - n.last_heartbeat:>5.1f}s  {', '.join(n.capabilities)}"
                    + (f"  (bidder {n.bidder})" if n.bidder else ""))
+    holding = [n for n in live if n.resources or n.warm]
+    if holding:
+        click.echo("")
+        click.echo(resources_table(holding))
+    claimed = [n for n in live if n.calibration.confidence_attempts
+               or n.calibration.cost_attempts or n.calibration.duration_attempts]
+    if claimed:
+        click.echo("")
+        click.echo(calibration_table(claimed))
+
+
+def resources_table(views: list[NodeView]) -> str:
+    """The nodes' resources, one line each: every declared one as free/declared (what their
+    unfinished attempts reserve is the difference), and the items each holds warm."""
+    lines = [f"{'node':<12} {'resources (free/declared)':<40} warm"]
+    for n in views:
+        held = ", ".join(f"{name} {n.free.get(name, 0):g}/{total:g}"
+                         for name, total in sorted(n.resources.items())) or "-"
+        lines.append(f"{n.name:<12} {held:<40} {', '.join(n.warm) or '-'}")
+    return "\n".join(lines)
+
+
+def calibration_table(views: list[NodeView]) -> str:
+    """The nodes' claims against their outcomes, one line each: claimed confidence against
+    the realised success rate, estimated against actual cost and duration, each with the
+    number of attempts behind it."""
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    def secs(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}s"
+
+    lines = ["claims against outcomes (latest attempts; n: how many made the claim)",
+             f"{'node':<12} {'n':>4} {'claimed':>7} {'success':>7} {'gap':>6}   "
+             f"{'n':>4} {'est.cost':>9} {'cost':>9}   {'n':>4} {'est.time':>8} {'time':>8}"]
+    for v in views:
+        c = v.calibration
+        lines.append(
+            f"{v.name:<12} {c.confidence_attempts:>4} {num(c.claimed_confidence, '.2f'):>7} "
+            f"{num(c.success_rate, '.2f'):>7} {num(c.confidence_gap, '+.2f'):>6}   "
+            f"{c.cost_attempts:>4} {num(c.estimated_cost, '.4g'):>9} "
+            f"{num(c.actual_cost, '.4g'):>9}   {c.duration_attempts:>4} "
+            f"{secs(c.estimated_duration_s):>8} {secs(c.actual_duration_s):>8}")
+    return "\n".join(lines)
 
 
 @click.command()
@@ -80,7 +128,7 @@ def stats(app_name: str | None, database_url: str | None, since: float | None, w
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
 def check(task_ids: tuple[str, ...], app_name: str | None, database_url: str | None,
           since: float, as_json: bool) -> None:
-    """Check the message log against the protocol (seed 002's protocol checker).
+    """Check the message log against the protocol (an independent verifier).
 
     Every task's messages (or those of the TASK_IDs given) are replayed through the rules in
     docs/architecture.md ("The protocol checker"). Exit status 0 when every task keeps the

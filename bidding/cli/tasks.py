@@ -1,5 +1,6 @@
-"""The commands about one task: ``explain``, ``status``, ``reset`` and ``submit``; and
-``monitor``, seed 002's watch of delegated tasks in the foreground."""
+"""The commands about one task: ``explain``, ``status``, ``reset`` and ``submit``; ``tasks``,
+the latest tasks by tag or state; and ``monitor``, seed 002's watch of delegated tasks in the
+foreground."""
 
 from __future__ import annotations
 
@@ -60,6 +61,26 @@ def status(task_id: str, app_name: str | None, database_url: str | None, as_json
 
 
 @click.command()
+@app_option
+@db_option
+@click.option("--tag", default=None, help="Only the tasks with this tag.")
+@click.option("--state", default=None, help="Only the tasks in this state (SUCCESS, FAILED...).")
+@click.option("--limit", type=click.IntRange(1, 500), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the tasks as JSON.")
+def tasks(app_name: str | None, database_url: str | None, tag: str | None, state: str | None,
+          limit: int, as_json: bool) -> None:
+    """The latest tasks, newest first: state, node, estimated and actual cost, tags and who
+    created them (a task graph's subtasks carry its tags)."""
+    from bidding.observe.listing import list_tasks, render
+
+    settings = settings_of(app_name, database_url)
+    with reading(settings.database_url):
+        found = list_tasks(settings.database_url, tag=tag, state=state, limit=limit)
+    click.echo(json.dumps([t.model_dump() for t in found], indent=2) if as_json
+               else render(found))
+
+
+@click.command()
 @click.argument("task_id")
 @app_option
 @db_option
@@ -81,7 +102,7 @@ def reset(task_id: str, app_name: str | None, database_url: str | None, as_json:
 @db_option
 @click.option("--once", is_flag=True, help="One pass of the due checks, then exit.")
 def monitor(app_name: str | None, database_url: str | None, once: bool) -> None:
-    """Watch delegated tasks in the foreground (seed 002): check those their nodes have been
+    """Watch delegated tasks in the foreground: check those their nodes have been
     silent about, with backoff, and escalate those that stay silent (a log line, the
     task_escalated signal, bidding_notify_url). Node workers run the same loop; this one is for
     a store no node worker watches, or to see escalations as they happen. Ctrl-C stops it."""

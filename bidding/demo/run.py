@@ -14,6 +14,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,39 +23,63 @@ from typing import Any
 from sqlalchemy import select
 
 from bidding import clock
+from bidding.demo.contests import contest_summary
 
 DEMO_DIR = Path(".demo")
 DEFAULT_DB = f"sqlite:///{DEMO_DIR}/bidding.db"
 PROFILES = ["redfin", "bluefin", "greenfin", "sasass", "tpm"]
 #: Seed 000's node preferences, used as preferred_node with the composite strategy.
 PREFERRED = {"gpu_inference": "redfin", "database": "bluefin", "monitoring": "greenfin",
-             "edge_development": "sasass", "planning": "tpm"}
+             "edge_development": "sasass", "planning": "tpm", "orchestration": "tpm"}
+#: Tasks the stream adds to the ``--tasks`` of the mix, each showing what can go wrong.
+EXTRA_TASKS = ("a download that fails once and is retried on another node",
+               "a destructive query that fails on its node",
+               "a query no node is confident enough for",
+               "a task needing a skill no node has")
 
 
 def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, Any]]]:
-    """A mixed stream of the seeds' example tasks: (task name, args, bidding options)."""
+    """A mixed stream of the seeds' example tasks: (task name, args, bidding options); ``n``
+    of the mix, then the ``EXTRA_TASKS``.
+
+    The nodes' skills overlap (workers/*.toml), so most auctions have two or more bids, and the
+    strategies rank them on what differs: skill match (weighted), price, latency and trust
+    (routing), a preferred node and experience (composite). The kinds are listed contested
+    first, so that a short stream (the tests' 8 tasks) is mostly contested too.
+    """
     papers = ["https://arxiv.org/abs/2501.06322", "https://example.org/contract-net.pdf",
               "https://example.org/market-based-allocation.pdf"]
     kinds: list[tuple[str, list[Any], dict[str, Any]]] = [
+        # bluefin and sasass both extract text, equally well: a tie, broken by load.
         ("extract_text", [rng.choice(papers)], {}),
+        # redfin and sasass bid (greenfin refuses: too long for it); sasass is cheaper.
         ("analyze_text", ["contract net protocols are the most widely implemented protocols "
-                          "followed by market based approaches"], {}),
-        ("aggregate", ["raw text of the paper", ["contract", "market"]], {}),
+                          "followed by market based approaches"], {"strategy": "routing"}),
+        # tpm (preferred) and sasass.
+        ("aggregate", ["raw text of the paper", ["contract", "market"]],
+         {"strategy": "composite", "preferred_node": PREFERRED["orchestration"]}),
+        # greenfin and bluefin; greenfin is cheaper.
+        ("monitor_check", [rng.choice(["redfin", "bluefin.local", "tpm"])],
+         {"strategy": "routing"}),
+        # sasass has both skills, redfin one (testing).
+        ("edge_build", [rng.choice(["arm64", "riscv", "x86"])], {"strategy": "routing"}),
+        # greenfin has both skills; redfin, sasass and tpm one each.
+        ("summarize", ["Summarize quantum computing advances for executives"], {}),
+        # redfin has both skills, sasass one.
+        ("classify_image", [f"https://example.org/img/{rng.randint(1, 999)}.png"],
+         {"strategy": "routing", "budget": 0.05}),
+        # Each a speciality of one node only.
         ("gpu_inference", ["Summarize quantum computing advances for executives"],
          {"strategy": "composite", "preferred_node": PREFERRED["gpu_inference"]}),
         ("database_query", ["SELECT node_name, COUNT(*) FROM jr_task_bids GROUP BY node_name"],
          {"strategy": "composite", "preferred_node": PREFERRED["database"]}),
-        ("monitor_check", [rng.choice(["redfin", "bluefin.local", "tpm"])], {}),
-        ("edge_build", [rng.choice(["arm64", "riscv", "x86"])], {"strategy": "routing"}),
         ("plan", ["announce, collect bids then award"], {"strategy": "composite"}),
-        ("summarize", ["Summarize quantum computing advances for executives"], {}),
-        ("classify_image", [f"https://example.org/img/{rng.randint(1, 999)}.png"],
-         {"strategy": "routing", "budget": 0.05}),
     ]
     stream = [kinds[i % len(kinds)] for i in range(n)]
     rng.shuffle(stream)
-    # Outcomes a user must see handled, not hidden: a task that fails on its node, one no
-    # node can do (seed 001: "No bidders registered"), one nobody is confident enough for.
+    # EXTRA_TASKS: outcomes a user must see handled, not hidden: a task that fails on its
+    # node, one no node can do (seed 001: "No bidders registered"), one nobody is confident
+    # enough for.
     stream.insert(n // 3, ("database_query", ["DROP TABLE jr_task_bids"], {}))
     # After that failure bluefin's confidence in database work is (s + 2) / (n + 2) < 0.95.
     stream.insert(n // 2, ("database_query", ["SELECT 1"], {"min_confidence": 0.95}))
@@ -66,16 +91,27 @@ def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, 
 
 
 #: How to read the stream, printed above it.
-LEGEND = ("legend: task [#attempt] strategy bids [node:score] -> winner (score) in time to award;"
-          " FAILED: an attempt raised on its node; RETRY: the task is announced again, as its "
-          "next attempt; NO AWARD: the auction found no node")
+LEGEND = ("legend: task [#attempt] strategy bids [node:score] -> winner (score) in time to award,"
+          " then why it won when others bid; FAILED: an attempt raised on its node; RETRY: the "
+          "task is announced again, as its next attempt; NO AWARD: the auction had no bid it "
+          "could award (seed 001's reason follows)")
 #: The messages the stream shows: awards, and what happens to an attempt after its award.
 SHOWN = ("AWARDED", "NO_AWARD", "REAWARDED", "TASK_FAILED", "RETRYING")
+#: Width of the stream's first column (the task, and its attempt after a retry).
+LABEL = 15
 
 
-def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) -> None:
-    """Print each auction as it closes (task, bids with scores, winner, assignment latency),
-    each attempt that fails on its node, and each retry with its reason."""
+def _label(ann: Any) -> str:
+    """A task's label in the stream: its function's name, from the store (``task_name``), so
+    that it does not depend on when the submitting loop gets to record the task's id."""
+    return str(ann.task_name).rsplit(".", 1)[-1] if ann is not None else "?"
+
+
+def _printer(database_url: str, stop: threading.Event) -> None:
+    """Print each auction as it closes (task, bids with scores, winner, assignment latency,
+    and why the winner won when others bid), each attempt that fails on its node, and each
+    retry with its reason."""
+    from bidding.observe.why import why_won
     from bidding.store import read_session
     from bidding.store.schema import AnnouncementRow, BidRow, Message
 
@@ -89,13 +125,13 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
             for m in rows:
                 last = m.id
                 ann = session.get(AnnouncementRow, m.task_id)
-                label = names.get(m.task_id, ann.task_type if ann else "?")
+                label = _label(ann)
                 detail = m.detail or {}
                 if m.kind == "RETRYING":
                     # Logged under the attempt to come; the reason is the failed attempt's.
                     failed = f" #{m.attempt - 1}" if m.attempt > 2 else ""
-                    print(f"  {label + failed:<15} RETRY as #{detail.get('next_attempt')} in "
-                          f"{detail.get('delay_s', 0):g} s: {detail.get('why')}"
+                    print(f"  {label + failed:<{LABEL}} RETRY as #{detail.get('next_attempt')} "
+                          f"in {detail.get('delay_s', 0):g} s: {detail.get('why')}"
                           f"{f' after its failure on {m.node}' if m.node else ''}", flush=True)
                     continue
                 if m.attempt > 1:
@@ -110,22 +146,26 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
                     )
                     latency = detail.get("latency_ms")
                     took = f" in {latency:.1f} ms" if latency is not None else ""
-                    print(f"  {label:<15} {ann.strategy if ann else '':<10} bids [{offers}] "
+                    print(f"  {label:<{LABEL}} {ann.strategy if ann else '':<10} bids [{offers}] "
                           f"-> {m.node} ({detail.get('score') or 0:.2f}){took}", flush=True)
+                    if sum(1 for b in bids if b.will_bid and not b.late) > 1:
+                        verdict = why_won(bids, winner=m.node,
+                                          outcome=ann.outcome if ann else None)[0]
+                        print(f"  {'':<{LABEL}} why: {verdict}", flush=True)
                     for b in bids:  # a node's own bidder's refusal: its judgment, its words
                         if not b.will_bid and (b.payload or {}).get("bidder"):
-                            print(f"  {'':<15} {b.node} refused: {b.reason}", flush=True)
+                            print(f"  {'':<{LABEL}} {b.node} refused: {b.reason}", flush=True)
                 elif m.kind == "REAWARDED":
-                    print(f"  {label:<15} MOVED from {detail.get('from')} to {m.node}: "
+                    print(f"  {label:<{LABEL}} MOVED from {detail.get('from')} to {m.node}: "
                           f"{detail.get('reason')}", flush=True)
                 elif m.kind == "TASK_FAILED":
                     where = f" on {m.node}" if m.node else ""
                     then = ("will retry" if detail.get("will_retry")
                             else f"final: {detail.get('why') or 'the task has no retry policy'}")
-                    print(f"  {label:<15} FAILED{where}: {detail.get('error')} ({then})",
+                    print(f"  {label:<{LABEL}} FAILED{where}: {detail.get('error')} ({then})",
                           flush=True)
                 else:
-                    print(f"  {label:<15} NO AWARD: {detail.get('error')}", flush=True)
+                    print(f"  {label:<{LABEL}} NO AWARD: {detail.get('error')}", flush=True)
         stop.wait(0.1)
 
 
@@ -133,7 +173,7 @@ def _printer(database_url: str, stop: threading.Event, names: dict[str, str]) ->
 OPTIONS: dict[str, tuple[int | float, str]] = {
     "tasks": (40, "tasks in the stream"),
     "seed": (7, "seed of the stream's order and arguments"),
-    "concurrency": (2, "worker processes per node"),
+    "concurrency": (0, "worker processes per node; 0: each node's capacity, as its profile says"),
     "interval": (0.05, "seconds between submits"),
 }
 
@@ -163,6 +203,44 @@ def _addresses(web: list[Any]) -> None:
             print(f"{s.name + ':':<11}{s.url}{extra}", flush=True)
     if any(s.name == "dashboard" for s in web) and os.environ.get("BIDDING_API_READ_TOKEN"):
         print("           reads need the token: open the dashboard as /#token=<token>")
+
+
+def bidding_command() -> str:
+    """How to type ``bidding`` in a new terminal: the bare name when it is the one on the PATH,
+    else this interpreter's script by its path (``.venv/bin/bidding`` under this folder), else
+    ``python -m bidding.cli`` with this interpreter."""
+    script = Path(sys.executable).parent / "bidding"
+    if not script.exists():
+        return f"{sys.executable} -m bidding.cli"
+    on_path = shutil.which("bidding")
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "bidding"
+    try:
+        return str(script.absolute().relative_to(Path.cwd()))
+    except ValueError:
+        return str(script.absolute())
+
+
+def _print_commands(database_url: str, results: list[tuple[str, Any]]) -> None:
+    """The commands to look further, each runnable as printed in a new terminal from this
+    folder: ``explain`` reads the store only (it needs neither the nodes nor the broker)."""
+    from bidding.store import read_session
+    from bidding.store.schema import AnnouncementRow
+
+    with read_session(database_url) as session:
+        retried = session.scalar(select(AnnouncementRow.task_id).where(
+            AnnouncementRow.task_id.in_([r.id for _, r in results]),
+            AnnouncementRow.attempt > 1, AnnouncementRow.state == "SUCCESS"))
+    contested = contest_summary(database_url, since=0.0).widest
+    command = bidding_command()
+    # Another store was given by BIDDING_DATABASE_URL, which the command reads as well.
+    where = ("" if database_url == DEFAULT_DB
+             else ", with BIDDING_DATABASE_URL set as for this run")
+    print(f"\nto look further (in a new terminal, from this folder{where}):")
+    for what, task_id in (("why a contested task went where it went", contested),
+                          ("a retried task, and the node its retry left out", retried)):
+        if task_id:
+            print(f"  {what + ':':<50} {command} explain {task_id} -A bidding.demo.app")
 
 
 def _wait_for_ctrl_c() -> None:
@@ -218,11 +296,10 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
     settings = get_settings(app)
     upgrade(settings.database_url)
     federation = Federation(app="bidding.demo.app", env=dict(os.environ),
-                            log_dir=DEMO_DIR / "logs", concurrency=concurrency,
+                            log_dir=DEMO_DIR / "logs", concurrency=concurrency or None,
                             loglevel="WARNING")
     stop = threading.Event()
-    names: dict[str, str] = {}
-    printer = threading.Thread(target=_printer, args=(database_url, stop, names), daemon=True)
+    printer = threading.Thread(target=_printer, args=(database_url, stop), daemon=True)
     web: list[Any] = []
     try:
         print(f"starting {len(PROFILES)} nodes: {', '.join(PROFILES)} (logs in {DEMO_DIR}/logs)")
@@ -241,19 +318,20 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
         for problem in [*missing, *(wait_web(web) if keep else [])]:
             print(problem)
         _addresses(web)
-        print("all nodes live; submitting tasks\n")
+        stream = _stream(random.Random(seed), tasks)
+        print(f"all nodes live; submitting {len(stream)} tasks: {tasks} of the mix (--tasks) and "
+              f"{len(stream) - tasks} that show what can go wrong ({'; '.join(EXTRA_TASKS)})\n")
         print(LEGEND)
         started = clock.now()
         printer.start()
         results: list[tuple[str, Any]] = []
-        for name, call_args, options in _stream(random.Random(seed), tasks):
+        for name, call_args, options in stream:
             task = getattr(demo_tasks, name)
             if "min_confidence" in options:
                 # Its point is bluefin's record after the failed DROP TABLE: let that finish.
                 for _, earlier in results:
                     earlier.get(timeout=60, propagate=False)
             r = task.apply_async(call_args, bidding=options)
-            names[r.id] = name
             results.append((name, r))
             time.sleep(interval)
         unfinished = 0
@@ -267,8 +345,8 @@ def run(*, tasks: int, seed: int, concurrency: int, interval: float, keep: bool 
         printer.join(timeout=5)
         print("\nsummary")
         print(collect(settings.database_url, since=started).render())
-        example = next((r.id for n, r in results if r.successful()), results[0][1].id)
-        print(f"\nexplain any task:  bidding explain {example} -A bidding.demo.app")
+        print("\n" + contest_summary(database_url, since=started).render())
+        _print_commands(database_url, results)
         if unfinished:
             print(f"{unfinished} task(s) did not reach a final state within 60 s")
         for problem in exited(web):

@@ -52,7 +52,8 @@ def aggregate(raw_text: str, nlp_results: list[str]) -> dict[str, Any]:
 
 
 @app.task(shared=False, base=bidding.BiddingTask,
-          task_type="gpu_inference", required_skills=["gpu_inference"])
+          task_type="gpu_inference", required_skills=["gpu_inference"],
+          affinity=["model:embedder"])
 def gpu_inference(prompt: str) -> dict[str, Any]:
     """Seed 000: GPU inference, redfin's speciality."""
     _work(0.12)
@@ -105,9 +106,10 @@ def summarize(requirement: str) -> str:
 
 
 @app.task(shared=False, base=bidding.BiddingTask, task_type="image_classification",
-          required_skills=["image_classification"])
+          required_skills=["image_classification", "gpu_inference"])
 def classify_image(image_url: str) -> dict[str, Any]:
-    """AITP 7.1's pricing example: image classification at a price per image."""
+    """AITP 7.1's pricing example: image classification at a price per image, best on a GPU
+    (redfin has both skills; sasass, with the first only, bids too and scores lower)."""
     _work(0.03)
     labels = ["cat", "dog", "boat", "tree"]
     return {"label": labels[sum(map(ord, image_url)) % len(labels)]}

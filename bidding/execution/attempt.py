@@ -16,11 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, Table, select, update
+from sqlalchemy.orm import InstrumentedAttribute
 
 from bidding import clock
 from bidding.config import Settings
 from bidding.execution.interrupted import (
+    expired,
     hard_timeout,
     report_progress,
     retry_requested,
@@ -29,18 +31,43 @@ from bidding.execution.interrupted import (
 )
 from bidding.execution.outcome import complete, fail, stored_verdict
 from bidding.execution.report import exception_json
+from bidding.execution.room import RoomCheck
 from bidding.execution.running import Running, Start, Verdict
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import Expect, Log, Step, apply, apply_alone, transition
 from bidding.models import Announcement
 from bidding.store import statement_session, write_session
 from bidding.store.engine import is_sqlite
-from bidding.store.schema import AnnouncementRow
+from bidding.store.schema import AnnouncementRow, BidRow
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Running", "Start", "Starter", "Verdict", "begin", "complete", "fail", "hard_timeout",
+__all__ = ["Running", "Start", "Starter", "Verdict", "begin", "complete", "expired", "fail",
+           "hard_timeout",
            "report_progress", "retry_requested", "revoked", "stored_verdict", "unrunnable"]
+
+
+def _own_bid(column: ColumnElement[Any] | InstrumentedAttribute[Any],
+             label: str) -> ColumnElement[Any]:
+    """``column`` of the bid with which the row's node won it (of its attempt and node), read
+    with the task's row: an indexed lookup in the begin's own statement, so the award the body
+    runs under costs no round trip of its own. The node's own bid, not ``winning_bid_id``: a
+    task moved to the next-best bidder runs under that bidder's bid."""
+    task = AnnouncementRow.__table__
+    assert isinstance(task, Table)
+    return (select(column)
+            .where(BidRow.task_id == task.c.task_id, BidRow.attempt == task.c.attempt,
+                   BidRow.node == task.c.assigned_node, BidRow.will_bid.is_(True),
+                   BidRow.late.is_(False))
+            .order_by(BidRow.id.desc()).limit(1)
+            .correlate(task).scalar_subquery().label(label))
+
+
+#: The winning bid's proposal and score, read back by every begin (last in its row).
+_AWARD: tuple[ColumnElement[Any], ...] = (
+    _own_bid(BidRow.payload["proposal"].as_string(), "award_proposal"),
+    _own_bid(BidRow.score, "award_score"),
+)
 
 
 @dataclass(frozen=True)
@@ -68,16 +95,19 @@ class _Begin:
     accepted: Step
     runner: dict[str, Any]
     now: float
+    room: RoomCheck | None = None
 
 
 def begin(settings: Settings, task_id: str, attempt: int, node: str,
           price_per_unit: float = 0.0, redelivered: bool = True, *,
-          starter: Starter = Starter()) -> Running:
+          starter: Starter = Starter(), room: RoomCheck | None = None) -> Running:
     """Move ``task_id`` to EXECUTING on ``node`` (TASK_ACCEPTED), or say why it must not run.
 
     A message for an attempt its node already runs is run again only if the broker
     ``redelivered`` it (its worker died with it unacknowledged); a second copy of the message
     (a resend whose first publish did arrive) is a DUPLICATE, dropped, while the first runs.
+    ``room``: an attempt that needs resources starts only if this check passes first, in the
+    same transaction (``execution.room``); else nothing is written and it is WAITING.
     """
     now = clock.now() if starter.at is None else starter.at
     # The worker and its incarnation: if that incarnation ends, the attempt is known lost.
@@ -87,18 +117,19 @@ def begin(settings: Settings, task_id: str, attempt: int, node: str,
                     values={"started_at": now, "due_at": None, **runner})
     held = Expect(attempt=attempt, node=node)
     try:
-        if not is_sqlite(settings.database_url):
+        if room is None and not is_sqlite(settings.database_url):
             # The usual case in one statement and one round trip (the UPDATE and its message);
             # a refused one (a duplicate, a redelivery, a stale attempt) is sorted out below.
             with statement_session(settings.database_url) as session:
                 moved = apply_alone(session, task_id, (accepted,), held, at=now,
-                                    returning=("spec",))
+                                    returning=("spec", *_AWARD))
             if moved is not None and moved.row is not None:
                 return Running(task_id, attempt, node, Start.FIRST,
                                Announcement.model_validate(moved.row[0]), price_per_unit,
-                               began=time.monotonic())
+                               began=time.monotonic(), proposal=moved.row[-2] or "",
+                               score=moved.row[-1])
         return _begin_in_transaction(_Begin(settings, task_id, attempt, node, price_per_unit,
-                                            redelivered, accepted, runner, now))
+                                            redelivered, accepted, runner, now, room))
     except ValidationError as exc:
         _unreadable(settings, task_id, attempt, node, now, exc)
         raise
@@ -108,9 +139,11 @@ def _begin_in_transaction(b: _Begin) -> Running:
     """``begin`` in a transaction: SQLite's way, and every refused begin's."""
     task_id, attempt, node, now = b.task_id, b.attempt, b.node, b.now
     with write_session(b.settings.database_url) as session:
+        if b.room is not None and not b.room(session):
+            return Running(task_id, attempt, node, Start.WAITING, None, b.price_per_unit)
         # One UPDATE ... RETURNING spec; refused, the task's state, attempt, node and spec.
         outcome = apply(session, task_id, (b.accepted,), Expect(attempt=attempt, node=node),
-                        at=now, returning=("spec", "started_at"))
+                        at=now, returning=("spec", "started_at", *_AWARD))
         row = outcome.row
         if row is None:
             return Running(task_id, attempt, node, Start.UNKNOWN, None, b.price_per_unit)
@@ -137,7 +170,7 @@ def _begin_in_transaction(b: _Begin) -> Running:
                 start = Start.DUPLICATE
         announcement = Announcement.model_validate(spec)  # a bad spec rolls the transition back
     return Running(task_id, attempt, node, start, announcement, b.price_per_unit,
-                   began=time.monotonic())
+                   began=time.monotonic(), proposal=row[-2] or "", score=row[-1])
 
 
 def _unreadable(

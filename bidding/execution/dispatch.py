@@ -13,9 +13,11 @@ import logging
 
 from celery import Celery
 
-from bidding import clock
+from bidding import clock, tracing
 from bidding.config import Settings
 from bidding.execution.canvas import message_options
+from bidding.execution.priority import execution_queue, message_priority
+from bidding.execution.room import RESOURCES_HEADER
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.transition import Expect, Log, transition
 from bidding.models import Announcement
@@ -130,13 +132,20 @@ def send_execution(
         retries=announcement.attempt - 1,
         **message_options(announcement.canvas),
     )
-    queue = exec_queue(node)
+    # The queue as the node declares it (with priorities on RabbitMQ), and the task's
+    # priority as the broker reads it (bidding.execution.priority).
+    queue = execution_queue(app, node)
     with app.producer_or_acquire() as producer:
         amqp.send_task_message(
             producer,
             announcement.task_name,
             message,
             queue=queue,
-            routing_key=queue,
-            headers={ATTEMPT_HEADER: announcement.attempt, NODE_HEADER: node},
+            routing_key=queue.name,
+            headers={ATTEMPT_HEADER: announcement.attempt, NODE_HEADER: node,
+                     # What the attempt holds while it runs: the node's start waits for room.
+                     **({RESOURCES_HEADER: announcement.resources}
+                        if announcement.resources else {}),
+                     **tracing.execution_headers(announcement)},
+            priority=message_priority(app, announcement.priority),
         )

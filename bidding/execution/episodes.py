@@ -1,6 +1,8 @@
 """Episodes: the outcome record of each attempt (node, task type, success, duration, cost), and
 each node's running record of attempts and successes; the source of experience and learned
-trust.
+trust. An attempt's episode also keeps what its node's bid claimed (confidence, estimated cost
+and duration), copied from the bid as the attempt ends, so that claims and outcomes can be
+compared after the bids are pruned.
 """
 
 from __future__ import annotations
@@ -8,13 +10,13 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Final, cast
 
-from sqlalchemy import Integer, Table, Update, bindparam, case, select, update
+from sqlalchemy import Integer, ScalarSelect, Table, Update, bindparam, case, select, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from bidding.store.once import insert_once
-from bidding.store.schema import Episode, LedgerEntry, Node
+from bidding.store.schema import BidRow, Episode, LedgerEntry, Node
 
 _NODES: Final = cast(Table, Node.__table__)
 _EPISODES: Final = cast(Table, Episode.__table__)
@@ -37,6 +39,34 @@ def record_episode(session: Session, values: dict[str, Any]) -> None:
         count_episode(session, values["node"], bool(values["success"]))
 
 
+#: The episode's columns copied from its node's bid, and the bid's column each comes from.
+CLAIMS: Final = {"claimed_confidence": BidRow.confidence,
+                 "estimated_cost": BidRow.estimated_cost,
+                 "estimated_duration_s": BidRow.estimated_duration_s}
+
+
+def _claim_of(column: Any, task_id: Any, attempt: Any, node: Any) -> ScalarSelect[Any]:
+    """The node's bid of the attempt's auction, one ``column`` of it (the winner's bid; after
+    a move to the next-best bidder, that bidder's own)."""
+    return (select(column)
+            .where(BidRow.task_id == task_id, BidRow.attempt == attempt, BidRow.node == node,
+                   BidRow.will_bid.is_(True), BidRow.late.is_(False))
+            .order_by(BidRow.id.desc()).limit(1).scalar_subquery())
+
+
+_CLAIMS_OF = select(*(
+    _claim_of(column, bindparam("task_id"), bindparam("attempt"), bindparam("node")).label(name)
+    for name, column in CLAIMS.items()))
+
+
+def claims(session: Session, task_id: str, attempt: int, node: str) -> dict[str, Any]:
+    """What ``node``'s bid for ``task_id``'s ``attempt`` claimed, as episode columns (each
+    None when there is no such bid, or it did not say)."""
+    row = session.execute(_CLAIMS_OF, {"task_id": task_id, "attempt": attempt,
+                                       "node": node}).one()
+    return dict(row._mapping)
+
+
 def record_attempt(session: Session, charge: dict[str, Any] | None,
                    episode: dict[str, Any]) -> None:
     """An attempt's ledger entry (``charge``, if any) and episode, each stored once, and the
@@ -46,7 +76,9 @@ def record_attempt(session: Session, charge: dict[str, Any] | None,
     if session.get_bind().dialect.name != "postgresql":
         if charge is not None:
             insert_once(session, _LEDGER, charge)
-        record_episode(session, episode)
+        # (In process on SQLite: a read costs microseconds.)
+        record_episode(session, {**episode, **claims(session, episode["task_id"],
+                                                     episode["attempt"], episode["node"])})
         return
     # Every column is given: SQLAlchemy fills Python-side defaults in a top-level INSERT only.
     episode = {**_DEFAULTS[_EPISODES.name], **episode}
@@ -70,8 +102,13 @@ def _record_attempt(episode: tuple[str, ...], charge: tuple[str, ...]) -> Update
     """``WITH charged AS (INSERT ledger ... ON CONFLICT DO NOTHING), recorded AS (INSERT
     episode ... ON CONFLICT DO NOTHING RETURNING node, success) UPDATE nodes ...``: the
     record counts the episode only if ``recorded`` has it (it was not stored before)."""
+    # The bid's claims are copied by the same statement (no round trip of their own).
+    claimed = {name: _claim_of(column, bindparam("e_task_id"), bindparam("e_attempt"),
+                               bindparam("e_node"))
+               for name, column in CLAIMS.items() if name not in episode}
     recorded = (postgresql_insert(_EPISODES)
-                .values({c: bindparam(f"e_{c}", type_=_EPISODES.c[c].type) for c in episode})
+                .values({**{c: bindparam(f"e_{c}", type_=_EPISODES.c[c].type)
+                            for c in episode}, **claimed})
                 .on_conflict_do_nothing()
                 .returning(_EPISODES.c.node, _EPISODES.c.success)
                 .cte("recorded"))

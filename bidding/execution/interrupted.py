@@ -1,5 +1,6 @@
-"""An attempt interrupted or reported on: revoked, unrunnable on its node, past its hard time
-limit, retried by its body (``self.retry()``), or reporting progress."""
+"""An attempt interrupted or reported on: revoked, expired before its body started,
+unrunnable on its node, past its hard time limit, retried by its body (``self.retry()``), or
+reporting progress."""
 
 from __future__ import annotations
 
@@ -38,6 +39,22 @@ def revoked(settings: Settings, task_id: str, attempt: int, node: str, reason: s
                               detail={"error": reason, "revoked": True}),
                           Expect(states=states.IN_FLIGHT_STATES, attempt=attempt, node=node),
                           error=reason, finished_at=now, due_at=None)
+
+
+def expired(settings: Settings, run: Running, error: BaseException,
+            now: float | None = None) -> bool:
+    """The attempt reached its node after its task's start-by time (its expiry or deadline):
+    FAILED, logged EXPIRED with the reason, the body never run. Nothing is charged and no
+    episode counts against the node: the caller's limit passed while the task waited, which
+    says nothing of how the node works. False when this attempt no longer holds the task."""
+    now = clock.now() if now is None else now
+    reason = str(error)
+    with write_session(settings.database_url) as session:
+        return transition(session, run.task_id, states.FAILED,
+                          Log(journal.EXPIRED, node=run.node, at=now, detail={"error": reason}),
+                          Expect(states=(states.EXECUTING,), attempt=run.attempt, node=run.node),
+                          error=reason, finished_at=now, due_at=None,
+                          result=exception_json(error))
 
 
 def unrunnable(settings: Settings, task_id: str, attempt: int, node: str, reason: str,

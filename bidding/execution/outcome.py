@@ -12,14 +12,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
 from celery.exceptions import SoftTimeLimitExceeded
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.config import Settings
-from bidding.errors import CostExceededError, OutputValidationError
+from bidding.errors import CostExceededError, OutputValidationError, TaskExpiredError
 from bidding.execution import ledger
 from bidding.execution.episodes import record_attempt
 from bidding.execution.report import exception_json, value_json
@@ -208,6 +207,9 @@ def stored_verdict(task_id: str, kind: str, detail: Mapping[str, Any]) -> Verdic
             f"spent {float(detail['spent']):.4f} of budget {float(detail['budget']):.4f}"
         )
         return Verdict(error=CostExceededError(f"task {task_id}: {why}"))
+    if kind == journal.TASK_FAILED and str(detail.get("why") or "").startswith("expired:"):
+        return Verdict(error=TaskExpiredError(
+            f"task {task_id}: {detail['why']} (failed: {detail.get('error')})"))
     return Verdict()
 
 
@@ -222,6 +224,8 @@ def _is_json(value: Any) -> bool:
 def _schema_error(schema: dict[str, Any] | None, result: Any) -> str | None:
     if not schema:
         return None
+    import jsonschema  # here: only a task with an output schema needs it (10 MB of a worker)
+
     try:
         jsonschema.validate(result, schema)
     except jsonschema.ValidationError as exc:
@@ -275,7 +279,13 @@ def fail(
             moved = to_retrying(session, run, nxt, now, plan.delay, plan.why, error=error)
             return Verdict(retry_in=plan.delay) if moved else Verdict()
         kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
-        final = CostExceededError(f"task {run.task_id}: {plan.why}") if over else exc
+        final: BaseException = (
+            CostExceededError(f"task {run.task_id}: {plan.why}") if over
+            # No retry can start before the task's expiry: the caller hears it expired.
+            else TaskExpiredError(f"task {run.task_id}: {plan.why} (attempt {run.attempt} "
+                                  f"failed: {error})") if plan.expired
+            else exc
+        )
         transition(
             session,
             run.task_id,
@@ -289,6 +299,8 @@ def fail(
     if over is not None:
         notify_cost(settings, run, *over)
         return Verdict(error=CostExceededError(f"task {run.task_id}: {plan.why}"))
+    if final is not exc:
+        return Verdict(error=final)
     return Verdict()
 
 

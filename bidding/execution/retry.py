@@ -60,6 +60,9 @@ class RetryPlan:
     next: Announcement | None
     delay: float | None
     why: str
+    #: No retry because the task's start-by time (its expiry or deadline) has passed, or would
+    #: have by the time the retry is due: the task ends expired.
+    expired: bool = False
 
 
 def plan_retry(announcement: Announcement, node: str, exc: BaseException, now: float,
@@ -73,8 +76,9 @@ def plan_retry(announcement: Announcement, node: str, exc: BaseException, now: f
     base = {"attempt": announcement.attempt + 1, "failures": failures, "silent_rounds": 0,
             "exclude_nodes": retry_exclusions(announcement, node), "announced_at": now,
             "last_error": error_text(exc)}
-    if announcement.deadline is not None and now >= announcement.deadline:
-        return RetryPlan(None, None, "deadline passed")
+    if announcement.expired(now):
+        return RetryPlan(None, None, "expired: its start-by time passed before a retry could "
+                         "start", expired=True)
     if timed_out:
         fb = announcement.fallbacks
         if fb.on_timeout == "fail":
@@ -105,6 +109,10 @@ def plan_retry(announcement: Announcement, node: str, exc: BaseException, now: f
     if failures > policy.max_retries:
         return RetryPlan(None, None, f"no retries left ({policy.max_retries} used)")
     delay = compute_delay(policy, failures, rng)
+    if announcement.expired(now + delay):
+        # The expiry is the task's, not an attempt's: a retry due after it would never start.
+        return RetryPlan(None, None, f"expired: retry {failures} would be due in {delay:g}s, "
+                         "after the task's start-by time", expired=True)
     return RetryPlan(
         announcement.model_copy(update=base), delay, f"retry {failures} of {policy.max_retries}"
     )

@@ -21,6 +21,9 @@ class Start(Enum):
     REDELIVERED = "redelivered"
     #: Finished, or awarded elsewhere since: do not run it.
     DUPLICATE = "duplicate"
+    #: Awarded here, but the node's running attempts leave no room for what it needs yet
+    #: (``execution.room``): nothing was written; try again shortly.
+    WAITING = "waiting"
     #: The store has no such announcement (a leftover message, or a store mismatch): the task
     #: drops it without running the body.
     UNKNOWN = "unknown"
@@ -44,6 +47,10 @@ class Running:
     #: every later one (``store.outage`` tries again after a lost connection), so that a try
     #: whose first commit landed finds its own messages, as ``begin`` finds its start time.
     ended: float | None = None
+    #: The proposal of the bid this node won the task with ("" if it had none: a fallback
+    #: award) and that bid's score (None likewise), read by ``begin`` with the task's row.
+    proposal: str = ""
+    score: float | None = None
 
 
 @dataclass

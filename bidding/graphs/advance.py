@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-import jsonschema
 from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 
@@ -118,7 +117,7 @@ def advance(ctx: Context, graph_id: str) -> str | None:
     if len(done) == len(steps):
         return _complete(ctx.settings, graph, defn, steps)
     started = {sid for sid, s in steps.items() if s.state != rows.PENDING}
-    for subtask in plan.ready(defn.steps(), done, started):
+    for subtask in plan.ready(defn.steps(), done, started, PRIORITY_LEVELS[defn.priority]):
         if not _start(ctx, graph, defn, steps, subtask):
             return rows.FAILED
     return rows.EXECUTING
@@ -250,6 +249,8 @@ def task_result(defn: TaskDefinition, parent_input: Mapping[str, Any],
 
 def _complete(settings: Settings, graph: Graph, defn: TaskDefinition,
               steps: Mapping[str, GraphStep]) -> str:
+    import jsonschema  # here: a worker that never completes a graph does not load it
+
     now = clock.now()
     try:
         result = task_result(defn, graph.input, _outputs(steps))
@@ -272,11 +273,17 @@ def options(defn: TaskDefinition, subtask: Subtask, remaining: float | None) -> 
     """The ``bidding={...}`` options of a subtask's announcement (AITP 2.2 metadata)."""
     meta = defn.metadata
     found: dict[str, Any] = {
-        "priority": PRIORITY_LEVELS[defn.priority],
+        "priority": (PRIORITY_LEVELS[defn.priority] if subtask.priority is None
+                     else subtask.priority),
         "content": f"{defn.name}: {subtask.name or subtask.subtask_id}",
     }
     if meta.deadline is not None:
         found["deadline"] = meta.deadline
+    # AITP metadata kept with each subtask: found by tag, and who created it.
+    if meta.tags:
+        found["tags"] = list(meta.tags)
+    if defn.created_by:
+        found["created_by"] = defn.created_by
     if remaining is not None:
         found["budget"] = max(0.0, remaining)
     timeout = subtask.timeout_seconds or meta.timeout_seconds

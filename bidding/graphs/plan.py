@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from bidding.graphs.spec import Subtask
+from bidding.models import DEFAULT_PRIORITY
 
 
 def find_cycle(steps: Sequence[Subtask]) -> list[str] | None:
@@ -68,14 +69,15 @@ def sinks(steps: Sequence[Subtask]) -> list[str]:
 
 
 def ready(steps: Sequence[Subtask], done: Collection[str],
-          started: Collection[str]) -> list[Subtask]:
-    """Subtasks not started whose dependencies are all done, lowest priority number first
-    (then in definition order)."""
+          started: Collection[str], default: int = DEFAULT_PRIORITY) -> list[Subtask]:
+    """Subtasks not started whose dependencies are all done, most urgent first (the highest
+    priority; a subtask without one has ``default``, its task's), then in definition order."""
     found = [s for s in steps
              if s.subtask_id not in started and s.subtask_id not in done
              and all(d in done for d in s.depends_on)]
     position = {s.subtask_id: i for i, s in enumerate(steps)}
-    return sorted(found, key=lambda s: (s.priority, position[s.subtask_id]))
+    return sorted(found, key=lambda s: (-(default if s.priority is None else s.priority),
+                                        position[s.subtask_id]))
 
 
 def budget_share(cost_limit: float, spent_finished: float, held_by_running: float,

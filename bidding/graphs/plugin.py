@@ -33,4 +33,5 @@ class GraphPlugin(Plugin):
     def loops(self, sweep_every: Callable[[], float]) -> Sequence[Loop]:
         """Advance the graphs left alone, every sweep."""
         return [Loop("bidding-sweeper-advance_idle", sweep_every,
-                     lambda: advance_idle(Context(self.settings, self.app)))]
+                     lambda: advance_idle(Context(self.settings, self.app)),
+                     federation_wide=True)]

@@ -12,14 +12,28 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from bidding.errors import ConfigurationError
-from bidding.models import RetryPolicy, describe_validation
+from bidding.models import (
+    PRIORITY_NAMES,
+    RetryPolicy,
+    describe_validation,
+    parse_priority,
+    tag_names,
+)
 
 Priority = Literal["HIGH", "NORMAL", "LOW"]
-#: AITP's task priority as the announcement's 0-9 priority.
-PRIORITY_LEVELS: dict[str, int] = {"HIGH": 7, "NORMAL": 5, "LOW": 3}
+#: A task's HIGH/NORMAL/LOW as the announcement's 0-9 priority (higher is more urgent), the
+#: same as ``bidding={"priority": "high"}`` and the rest.
+PRIORITY_LEVELS: dict[str, int] = {name.upper(): level for name, level in PRIORITY_NAMES.items()}
 #: The id of the one step of a definition without subtasks.
 SINGLE_STEP = "task"
 
@@ -121,6 +135,12 @@ class Metadata(BaseModel):
     #: AITP 6.2 fallbacks of every subtask (a subtask's own ``fallback`` overrides them).
     fallback: FallbackSpec | None = None
 
+    @field_validator("tags")
+    @classmethod
+    def _tags_are_names(cls, value: list[str]) -> list[str]:
+        # Checked here, at submit: each subtask is announced with them.
+        return tag_names(value)
+
 
 class Subtask(BaseModel):
     """AITP 3.1: one step, routed by bidding on its ``agent_capability``."""
@@ -136,17 +156,71 @@ class Subtask(BaseModel):
     #: The task's output field -> the name everything downstream sees it under. Empty: the
     #: whole output, under its own names.
     output_mapping: dict[str, str] = Field(default_factory=dict)
-    #: Among subtasks ready together, the lower number is announced first.
-    priority: int = 0
+    #: Its announcement's priority (0-9 or a name, higher is more urgent; None: the task's).
+    #: Among subtasks ready together, the most urgent is announced first.
+    priority: int | None = None
     timeout_seconds: float | None = Field(None, gt=0)
     retry_policy: RetrySpec | None = None
     fallback: FallbackSpec | None = None
+
+    @field_validator("priority", mode="before")
+    @classmethod
+    def _priority(cls, value: Any) -> int | None:
+        if value is None:
+            return None
+        try:
+            return parse_priority(value)
+        except ConfigurationError as exc:
+            raise ValueError(str(exc).removeprefix("priority: ")) from None
+
+
+#: An example definition, shown in the HTTP API's schema for ``POST /aitp/tasks``: a research
+#: paper analysed in three subtasks (the same as ``examples/api/definition.json`` and
+#: ``examples/graphs/research_paper.yaml``, which a test keeps equal).
+DEFINITION_EXAMPLE: dict[str, Any] = {
+    "name": "Research Paper Analysis",
+    "description": "Analyze a research paper and extract key findings",
+    "goal": "Extract key findings from the research paper including:\n- Main hypothesis\n"
+            "- Methodology\n- Key results\n- Limitations\n",
+    "input": {"type": "object", "required": ["paper_pdf_url"],
+              "properties": {"paper_pdf_url": {"type": "string", "format": "uri"},
+                             "max_pages": {"type": "integer", "default": 50}}},
+    "output": {"type": "object",
+               "properties": {"hypothesis": {"type": "string"},
+                              "methodology": {"type": "string"},
+                              "results": {"type": "array", "items": {"type": "string"}},
+                              "limitations": {"type": "string"}}},
+    "input_values": {
+        "paper_pdf_url": "https://example.org/papers/contract-net-protocol-markets.pdf"},
+    "priority": "HIGH",
+    "metadata": {"timeout_seconds": 3600,
+                 "retry_policy": {"max_retries": 3, "backoff_strategy": "exponential",
+                                  "backoff_base_ms": 1000},
+                 "cost_limit": 10.0, "tags": ["research", "nlp", "analysis"],
+                 "dependencies": []},
+    "subtasks": [
+        {"subtask_id": "subtask_1", "name": "Extract Text from PDF",
+         "agent_capability": "pdf_text_extraction",
+         "input": {"paper_pdf_url": "${parent.input.paper_pdf_url}",
+                   "max_pages": "${parent.input.max_pages}"},
+         "output_mapping": {"extracted_text": "raw_text"}, "priority": 1},
+        {"subtask_id": "subtask_2", "name": "Analyze Text with NLP",
+         "agent_capability": "nlp_analysis", "depends_on": ["subtask_1"],
+         "input": {"text": "${subtask_1.output.raw_text}"},
+         "output_mapping": {"analysis": "nlp_results"}, "priority": 2},
+        {"subtask_id": "subtask_3", "name": "Aggregate Results",
+         "agent_capability": "orchestration", "depends_on": ["subtask_1", "subtask_2"],
+         "input": {"raw_text": "${subtask_1.output.raw_text}",
+                   "nlp_results": "${subtask_2.output.nlp_results}"},
+         "output_mapping": {}, "priority": 3},
+    ],
+}
 
 
 class TaskDefinition(BaseModel):
     """AITP 2.1 task, decomposed (3.1) or not (then one auction for ``agent_capability``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [DEFINITION_EXAMPLE]})
 
     task_id: str | None = Field(None, min_length=1, max_length=64)
     name: str = Field(min_length=1)
@@ -161,7 +235,7 @@ class TaskDefinition(BaseModel):
     #: The input the task runs with (``submit(..., input=...)`` adds to it).
     input_values: dict[str, Any] = Field(default_factory=dict)
     created_at: float | None = None
-    created_by: str | None = None
+    created_by: str | None = Field(None, min_length=1, max_length=255)
     priority: Priority = "NORMAL"
     status: str | None = None
     metadata: Metadata = Field(default_factory=Metadata)

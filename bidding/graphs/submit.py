@@ -97,6 +97,10 @@ def submit(spec: Any, *, app: Celery, input: Mapping[str, Any] | None = None) ->
     defn: TaskDefinition = load_definition(spec)
     settings = get_settings(app)
     values = defn.input_with_defaults(dict(input or {}))
+    if input:
+        # The values given here are the definition's own: a task without subtasks passes each
+        # one to its capability's task (its single step's input is made of them).
+        defn = defn.model_copy(update={"input_values": {**defn.input_values, **input}})
     tasks = capability_tasks(app)
     check(defn, values, tasks, settings.max_arguments_bytes)
     ensure_schema(settings.database_url)

@@ -3,18 +3,16 @@ and the field. ``check`` collects them all and raises one ``GraphValidationError
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-import jsonschema
-
 from bidding.errors import ConfigurationError
 from bidding.graphs import plan
 from bidding.graphs.spec import Subtask, TaskDefinition
-from bidding.graphs.templates import Reference, TemplateError, references
+from bidding.graphs.templates import Reference, TemplateError, references, resolve
+from bidding.graphs.typed import task_input, type_errors
 from bidding.models import non_json_number
 
 
@@ -64,7 +62,10 @@ def errors_of(defn: TaskDefinition, values: Mapping[str, Any],
             found += _template_errors(defn, None, f"output_mapping.{key}", value,
                                       {"": set(ids)}, by_id, values)
     for step in steps:
-        found += _capability_errors(step, tasks)
+        found += _capability_errors(step, tasks, single=not defn.subtasks)
+        if not defn.input:
+            # No input schema: the task's own signature and type hints are the schema.
+            found += _typed_errors(step, tasks, values, single=not defn.subtasks)
     return found
 
 
@@ -79,6 +80,8 @@ def check(defn: TaskDefinition, values: Mapping[str, Any], tasks: Mapping[str, A
 def _input_errors(defn: TaskDefinition, values: Mapping[str, Any]) -> list[str]:
     if not defn.input:
         return []
+    import jsonschema  # here: only a definition with an input schema needs it
+
     try:
         validator = jsonschema.validators.validator_for(defn.input)
         validator.check_schema(defn.input)
@@ -154,26 +157,48 @@ def _reference_problem(defn: TaskDefinition, ref: Reference, step: Subtask | Non
     return None
 
 
-def _capability_errors(step: Subtask, tasks: Mapping[str, Any]) -> list[str]:
+def _capability_errors(step: Subtask, tasks: Mapping[str, Any], *,
+                       single: bool = False) -> list[str]:
+    """Input names the step's task does not take, and arguments it needs that are missing
+    (``single``: the step of a definition without subtasks, whose input is the task's)."""
     task = tasks.get(step.agent_capability)
     if task is None:
         offered = ", ".join(sorted(tasks)) or "none"
         return [f"subtask {step.subtask_id}: agent_capability {step.agent_capability!r}: no "
                 f"registered task implements it (registered capabilities: {offered})"]
-    try:
-        signature = inspect.signature(task.run)
-    except (TypeError, ValueError):
+    taken = task_input(task.run)
+    if taken is None or taken.open:
         return []
-    params = signature.parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return []
-    names = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-    problems = [f"subtask {step.subtask_id}: input.{key}: task {task.name} "
+    who = "" if single else f"subtask {step.subtask_id}: "
+    names = {p.name for p in taken.parameters}
+    problems = [f"{who}input.{key}: task {task.name} "
                 f"({step.agent_capability}) takes no argument {key!r}"
+                f" (it takes: {', '.join(sorted(names)) or 'none'})"
                 for key in step.input if key not in names]
-    problems += [f"subtask {step.subtask_id}: input: task {task.name} "
+    problems += [f"{who}input.{p.name}: missing; task {task.name} "
                  f"({step.agent_capability}) needs argument {p.name!r}"
-                 for p in params
-                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                 and p.default is p.empty and p.name not in step.input]
+                 + (f" ({p.hint})" if p.hint else "")
+                 for p in taken.parameters if p.required and p.name not in step.input]
     return problems
+
+
+def _typed_errors(step: Subtask, tasks: Mapping[str, Any], values: Mapping[str, Any], *,
+                  single: bool = False) -> list[str]:
+    """The step's input values known now (literals, the parent's input) that the types of its
+    task's parameters do not take, naming the field and the type expected. A value another
+    subtask's output makes is checked by no one before it runs."""
+    task = tasks.get(step.agent_capability)
+    if task is None:
+        return []  # reported by _capability_errors
+    taken = task_input(task.run)
+    if taken is None:
+        return []
+    known: dict[str, Any] = {}
+    for key, value in step.input.items():
+        try:
+            known[key] = resolve(value, values, {})
+        except TemplateError:
+            continue  # another subtask's output, or a template reported as such
+    who = "" if single else f"subtask {step.subtask_id}: "
+    return [f"{who}input.{path}: {problem}, in task {task.name} ({step.agent_capability})"
+            for path, problem in type_errors(taken, known)]

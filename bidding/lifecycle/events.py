@@ -43,10 +43,19 @@ FAILED: Final = "task-failed"
 ARGS_REPR: Final = 1024
 
 
+#: The name the auction's events are sent under (``auctioneer@<host>``).
+AUCTIONEER: Final = "auctioneer"
+
+
 def auctioneer() -> str:
-    """The hostname the auction's events come from: ``bidding@<host>``, the process that
-    announced or awarded (a caller or a node's sweeper), as no worker of its own."""
-    return f"bidding@{socket.gethostname()}"
+    """The hostname the auction's events come from: ``auctioneer@<host>``, the process that
+    announced or awarded (a caller or a node's sweeper), as no worker of its own.
+
+    Celery's event state (Flower's) makes a worker of any hostname a task event comes from,
+    and each event counts as its heartbeat, so Flower lists this name among its workers,
+    Online for two minutes after an auction's event: the name says it is the auction, not a
+    node (a node worker is ``<node>@<host>``), and it runs nothing."""
+    return f"{AUCTIONEER}@{socket.gethostname()}"
 
 
 def enabled(app: Celery) -> bool:

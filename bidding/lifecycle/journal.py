@@ -47,6 +47,8 @@ WORKER_LOST: Final = "WORKER_LOST"
 DEFERRED: Final = "DEFERRED"
 ESCALATED: Final = "ESCALATED"
 OUTPUT_INVALID: Final = "OUTPUT_INVALID"
+#: The task had not started by its start-by time (its expiry or deadline): FAILED, never run.
+EXPIRED: Final = "EXPIRED"
 COST_EXCEEDED: Final = "COST_EXCEEDED"
 #: A task's checking state was cleared (seed 002's reset_task): allowed at any time, also
 #: after a final state; it changes nothing of the task's lifecycle.
@@ -60,7 +62,7 @@ KINDS: Final = frozenset({
     ANNOUNCED, BID, REFUSED, AWARDED, NO_AWARD, TASK_ACCEPTED, PROGRESS_UPDATE, TASK_COMPLETED,
     TASK_SUCCEEDED, TASK_FAILED, ILLEGAL_TRANSITION, STALE_UPDATE, SCHEDULED, RETRYING,
     REAWARDED, SEND_FAILED, RESENT, WORKER_LOST, DEFERRED, ESCALATED, OUTPUT_INVALID,
-    COST_EXCEEDED, RESET, WATCH_ESCALATED,
+    COST_EXCEEDED, RESET, WATCH_ESCALATED, EXPIRED,
 })
 
 

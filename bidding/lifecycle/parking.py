@@ -46,6 +46,9 @@ PARK_AFTER: Final = 3
 REASON_LIMIT: Final = 1000
 #: The condition every scan adds: tasks not parked.
 UNPARKED: Final = AnnouncementRow.parked.is_(None)
+#: What a scan reads of each task besides its spec, in ``Seen``'s order.
+SEEN_COLUMNS: Final = (AnnouncementRow.task_id, AnnouncementRow.state, AnnouncementRow.attempt,
+                       AnnouncementRow.scan_failures)
 #: What a transition (``lifecycle.transition``) and a reset set: nothing counted, not parked.
 CLEARED: Final[dict[str, Any]] = {"scan_failures": 0, "parked": None}
 

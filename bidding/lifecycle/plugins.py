@@ -41,6 +41,9 @@ class Loop:
     #: Seconds between two calls (asked before each wait when a function).
     interval: float | Callable[[], float]
     run: Callable[[], object]
+    #: Whether it sweeps the whole federation (one node runs it: the sweeper's lease holder,
+    #: ``lifecycle.lease``) rather than work of this node's own.
+    federation_wide: bool = False
 
 
 class Plugin:

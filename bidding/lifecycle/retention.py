@@ -21,17 +21,19 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import ColumnElement, CursorResult, and_, bindparam, delete, func, select
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.config import Settings
-from bidding.lifecycle import jobs, states
+from bidding.lifecycle import jobs, states, tallies
 from bidding.store import read_session, write_session
 from bidding.store.engine import get_engine, is_sqlite
+from bidding.store.outage import outlasting
 from bidding.store.schema import (
     AnnouncementRow,
     BidRow,
@@ -40,6 +42,7 @@ from bidding.store.schema import (
     GraphStep,
     LedgerEntry,
     Message,
+    Tag,
     Worker,
 )
 
@@ -49,6 +52,11 @@ logger = logging.getLogger(__name__)
 BATCH = 500
 #: Seconds a prune pauses between two batches, so that waiting writers go first.
 PAUSE = 0.005
+#: Seconds one batch keeps trying while the store is unreachable. A batch is one transaction
+#: that a dropped connection rolls back whole, so trying it again is safe; a prune that gave
+#: up at the first dropped connection left the store growing until the next one (a soak that
+#: severed every connection every 2 s kept every task of its run).
+BATCH_PATIENCE = 30.0
 #: A task graph's final states (``bidding.graphs.store``; the layer below graphs cannot
 #: import it).
 GRAPH_FINAL = ("COMPLETED", "FAILED")
@@ -62,6 +70,7 @@ class Pruned:
 
     tasks: int = 0
     bids: int = 0
+    tags: int = 0
     messages: int = 0
     ledger_entries: int = 0
     graphs: int = 0
@@ -69,13 +78,19 @@ class Pruned:
     episodes: int = 0
     workers: int = 0
 
+    def add(self, other: Pruned) -> None:
+        """Count ``other``'s rows in too (a batch that committed)."""
+        for kind, n in vars(other).items():
+            setattr(self, kind, getattr(self, kind) + n)
+
     def as_dict(self) -> dict[str, int]:
         """The counts by kind, as JSON keeps them."""
         return asdict(self)
 
     def line(self) -> str:
         """One line for a person: ``12 tasks (30 bids, 80 messages, 12 ledger entries), ...``."""
-        return (f"{self.tasks} task(s) ({self.bids} bid(s), {self.messages} message(s), "
+        return (f"{self.tasks} task(s) ({self.bids} bid(s), {self.tags} tag(s), "
+                f"{self.messages} message(s), "
                 f"{self.ledger_entries} ledger entr{'y' if self.ledger_entries == 1 else 'ies'})"
                 f", {self.graphs} task graph(s) ({self.graph_steps} step(s)), "
                 f"{self.episodes} old episode(s), {self.workers} ended worker row(s)")
@@ -129,21 +144,35 @@ def prune(settings: Settings, older_than: float, *, dry_run: bool = False,
     episode_cutoff = min(cutoff, now - settings.recent_failure_seconds)
     if dry_run:
         return _count(settings, cutoff, episode_cutoff)
+    url = settings.database_url
     pruned = Pruned()
-    while _prune_tasks(settings, cutoff, batch, pruned):
+    while _outlasting(url, "pruning tasks",
+                      lambda: _prune_tasks(settings, cutoff, batch, pruned)):
         time.sleep(PAUSE)
-    while _prune_graphs(settings, cutoff, batch, pruned):
+    while _outlasting(url, "pruning task graphs",
+                      lambda: _prune_graphs(settings, cutoff, batch, pruned)):
         time.sleep(PAUSE)
-    pruned.episodes = _prune_episodes(settings, episode_cutoff, batch, dry_run=False)
-    with write_session(settings.database_url) as session:
-        pruned.workers = _deleted(session, delete(Worker).where(_ENDED_WORKERS),
-                                  {"cutoff": cutoff})
-    _vacuum(settings.database_url, pruned)
+    pruned.episodes = _outlasting(url, "pruning episodes", lambda: _prune_episodes(
+        settings, episode_cutoff, batch, dry_run=False))
+
+    def ended_workers() -> int:
+        with write_session(url) as session:
+            return _deleted(session, delete(Worker).where(_ENDED_WORKERS), {"cutoff": cutoff})
+
+    pruned.workers = _outlasting(url, "pruning ended workers", ended_workers)
+    _vacuum(url, pruned)
     return pruned
 
 
+T = TypeVar("T")
+
+
+def _outlasting(url: str, what: str, step: Callable[[], T]) -> T:
+    return outlasting(url, f"retention: {what}", step, patience=BATCH_PATIENCE)
+
+
 #: Each kind of row a prune deletes, and its table.
-_TABLES = {"tasks": AnnouncementRow, "bids": BidRow, "messages": Message,
+_TABLES = {"tasks": AnnouncementRow, "bids": BidRow, "tags": Tag, "messages": Message,
            "ledger_entries": LedgerEntry, "graphs": Graph, "graph_steps": GraphStep,
            "episodes": Episode, "workers": Worker}
 
@@ -171,7 +200,9 @@ def _deleted(session: Session, statement: Any, params: dict[str, Any]) -> int:
 
 
 def _prune_tasks(settings: Settings, cutoff: float, batch: int, pruned: Pruned) -> bool:
-    """One batch of tasks, in one transaction; False when none was left."""
+    """One batch of tasks, in one transaction, added to ``pruned`` once it commits; False
+    when none was left."""
+    got = Pruned()
     with write_session(settings.database_url) as session:
         chosen = _TASKS if is_sqlite(settings.database_url) else _TASKS.with_for_update(
             skip_locked=True)  # a task being reset meanwhile is left for the next prune
@@ -179,28 +210,38 @@ def _prune_tasks(settings: Settings, cutoff: float, batch: int, pruned: Pruned) 
         if not ids:
             return False
         ids_of = {"ids": ids}
-        pruned.messages += _deleted(session, delete(Message).where(
+        # The counters read from the log must not go down with it (``lifecycle.tallies``).
+        tallies.carry(session, ids)
+        got.messages = _deleted(session, delete(Message).where(
             Message.task_id.in_(bindparam("ids", expanding=True))), ids_of)
-        pruned.ledger_entries += _deleted(session, delete(LedgerEntry).where(
+        got.ledger_entries = _deleted(session, delete(LedgerEntry).where(
             LedgerEntry.task_id.in_(bindparam("ids", expanding=True))), ids_of)
-        pruned.bids += _deleted(session, delete(BidRow).where(
+        got.bids = _deleted(session, delete(BidRow).where(
             BidRow.task_id.in_(bindparam("ids", expanding=True))), ids_of)
-        pruned.tasks += _deleted(session, delete(AnnouncementRow).where(
+        # Explicitly, as the bids: the foreign key's cascade needs SQLite's foreign_keys
+        # pragma on every connection that deletes, and the count is reported.
+        got.tags = _deleted(session, delete(Tag).where(
+            Tag.task_id.in_(bindparam("ids", expanding=True))), ids_of)
+        got.tasks = _deleted(session, delete(AnnouncementRow).where(
             AnnouncementRow.task_id.in_(bindparam("ids", expanding=True))), ids_of)
+    pruned.add(got)
     return len(ids) == batch
 
 
 def _prune_graphs(settings: Settings, cutoff: float, batch: int, pruned: Pruned) -> bool:
-    """One batch of finished task graphs and their steps; False when none was left."""
+    """One batch of finished task graphs and their steps, added to ``pruned`` once it
+    commits; False when none was left."""
+    got = Pruned()
     with write_session(settings.database_url) as session:
         ids = list(session.execute(_GRAPHS, {"cutoff": cutoff, "batch": batch}).scalars())
         if not ids:
             return False
         ids_of = {"ids": ids}
-        pruned.graph_steps += _deleted(session, delete(GraphStep).where(
+        got.graph_steps = _deleted(session, delete(GraphStep).where(
             GraphStep.graph_id.in_(bindparam("ids", expanding=True))), ids_of)
-        pruned.graphs += _deleted(session, delete(Graph).where(
+        got.graphs = _deleted(session, delete(Graph).where(
             Graph.graph_id.in_(bindparam("ids", expanding=True))), ids_of)
+    pruned.add(got)
     return len(ids) == batch
 
 
@@ -265,6 +306,7 @@ def _count(settings: Settings, cutoff: float, episode_cutoff: float) -> Pruned:
     return Pruned(
         tasks=count(AnnouncementRow, _PRUNABLE),
         bids=count(BidRow, BidRow.task_id.in_(tasks)),
+        tags=count(Tag, Tag.task_id.in_(tasks)),
         messages=count(Message, Message.task_id.in_(tasks)),
         ledger_entries=count(LedgerEntry, LedgerEntry.task_id.in_(tasks)),
         graphs=count(Graph, Graph.graph_id.in_(graphs)),

@@ -20,6 +20,7 @@ from itertools import pairwise
 from typing import Any, Final, cast
 
 from sqlalchemy import (
+    ColumnElement,
     CursorResult,
     Select,
     Table,
@@ -40,6 +41,10 @@ from bidding.store.schema import AnnouncementRow
 _TABLE: Final = cast(Table, AnnouncementRow.__table__)
 #: What a refused transition reports it found (then the caller's ``returning`` columns).
 _FOUND: Final = ("state", "attempt", "assigned_node")
+
+#: What a transition may read back: a column's name, or a labelled expression over the task's
+#: row (a scalar subquery, say), so that what goes with the row comes in the same round trip.
+Returned = str | ColumnElement[Any]
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ def transition(session: Session, task_id: str, target: str, log: Log, expect: Ex
 
 
 def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect = ANY, *,
-          at: float | None = None, returning: Sequence[str] = ()) -> Outcome:
+          at: float | None = None, returning: Sequence[Returned] = ()) -> Outcome:
     """Move ``task_id`` along ``steps`` with one UPDATE, logging one message per step (at
     ``at``, default now).
 
@@ -154,7 +159,7 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
 
 
 def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: Expect = ANY, *,
-                at: float | None = None, returning: Sequence[str] = ()) -> Outcome | None:
+                at: float | None = None, returning: Sequence[Returned] = ()) -> Outcome | None:
     """``apply`` in one statement, for a change with nothing else to write, on a session whose
     statements commit on their own (``store.statement_session`` on PostgreSQL): the UPDATE and,
     only if it moved the task, its messages, in one round trip where a transaction took four
@@ -177,7 +182,7 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
 
 
 @lru_cache(maxsize=64)
-def _with_messages(update_stmt: Update, count: int, returning: tuple[str, ...]) -> Select[Any]:
+def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, ...]) -> Select[Any]:
     """``WITH moved AS (the UPDATE ... RETURNING), logged AS (INSERT the messages, one row
     each per moved row, in order) SELECT the returning columns FROM moved``. (PostgreSQL runs
     a WITH's statements together, in no set order: the messages are one INSERT, ordered.)"""
@@ -190,7 +195,7 @@ def _with_messages(update_stmt: Update, count: int, returning: tuple[str, ...]) 
         for n in range(count))).subquery("given")
     logged = insert(table).from_select(
         list(columns), select(*(given.c[name] for name in columns)).order_by(given.c.n))
-    return select(*(moved.c[name] for name in returning)).add_cte(logged.cte("logged"))
+    return select(*(moved.c[_name(item)] for item in returning)).add_cte(logged.cte("logged"))
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,7 @@ class _Prepared:
 
 
 def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expect,
-             at: float | None, returning: Sequence[str]) -> _Prepared:
+             at: float | None, returning: Sequence[Returned]) -> _Prepared:
     """Check ``steps`` and build their UPDATE (``apply``'s rules)."""
     if not steps:
         raise ValueError("a transition needs at least one step")
@@ -260,7 +265,7 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expe
 @lru_cache(maxsize=256)
 def _update(allowed: tuple[str, ...], target: str, conditions: tuple[bool, bool, bool],
             keys: tuple[str, ...], nulls: tuple[str, ...],
-            returning: tuple[str, ...]) -> Update:
+            returning: tuple[Returned, ...]) -> Update:
     """The UPDATE of one shape: from ``allowed`` to ``target``, held to the task's attempt,
     node and due time as ``conditions`` say, setting ``keys`` (and ``nulls`` to NULL)."""
     by_attempt, by_node, by_due = conditions
@@ -278,13 +283,23 @@ def _update(allowed: tuple[str, ...], target: str, conditions: tuple[bool, bool,
     stmt = stmt.values(state=target, **{k: bindparam(f"v_{k}") for k in keys},
                        **dict.fromkeys(nulls))
     if returning:
-        stmt = stmt.returning(*(c[name] for name in returning))
+        stmt = stmt.returning(*(_column(item) for item in returning))
     return stmt
 
 
+def _column(item: Returned) -> ColumnElement[Any]:
+    """A ``returning`` item as a column of the task's row (an expression as it is)."""
+    return _TABLE.c[item] if isinstance(item, str) else item
+
+
+def _name(item: Returned) -> str:
+    """A ``returning`` item's name (an expression's label)."""
+    return item if isinstance(item, str) else str(getattr(item, "name", item))
+
+
 @lru_cache(maxsize=64)
-def _select(columns: tuple[str, ...]) -> Select[Any]:
-    return select(*(_TABLE.c[name] for name in columns)).where(
+def _select(columns: tuple[Returned, ...]) -> Select[Any]:
+    return select(*(_column(item) for item in columns)).where(
         _TABLE.c.task_id == bindparam("t_task_id"))
 
 

@@ -80,7 +80,8 @@ class Federation:
     app: str
     env: Mapping[str, str]
     log_dir: Path
-    concurrency: int = 2
+    #: Worker processes per node; None: each node's capacity (``bidding worker``'s default).
+    concurrency: int | None = 2
     loglevel: str = "INFO"
     cwd: Path = field(default_factory=Path.cwd)
     extra_args: Sequence[str] = ()
@@ -106,7 +107,8 @@ class Federation:
         cmd = [
             *self.prefix.get(name, ()),
             sys.executable, "-m", "bidding.cli", "worker", str(path), "-A", self.app,
-            "-c", str(self.concurrency), "-l", self.loglevel, *self.extra_args, *extra,
+            *(["-c", str(self.concurrency)] if self.concurrency else []),
+            "-l", self.loglevel, *self.extra_args, *extra,
         ]
         started = NodeProcess(name, path, self._run(cmd, self.log_dir / f"{name}.log"),
                               self.log_dir / f"{name}.log", node=node, cmd=cmd,

@@ -46,6 +46,9 @@ def heartbeat(settings: Settings, profile: NodeProfile, *, hostname: str | None 
         row.description = profile.description
         row.checking = profile.checking.overrides()
         row.bidder = profile.bidder
+        row.resources = dict(profile.resources) or None
+        # A worker starting holds what its profile says warm, nothing its last run marked.
+        row.warm = list(profile.warm) or None
         row.hostname = hostname or socket.gethostname()
         row.status = "online"
         if started_at is not None:
@@ -62,17 +65,23 @@ _BEAT = (update(_NODES).where(_NODES.c.name == bindparam("node"))
          .values(status="online", last_heartbeat=bindparam("now")))
 
 
-def beat(settings: Settings, profile: NodeProfile, now: float | None = None) -> None:
+def beat(settings: Settings, profile: NodeProfile, now: float | None = None, *,
+         me: incarnation.Incarnation | None = None, running: Sequence[str] = ()) -> None:
     """The periodic heartbeat: one UPDATE of the node's row (the profile was written by
-    ``heartbeat`` when the node started); the full ``heartbeat`` when the row has gone.
+    ``heartbeat`` when the node started), and of worker ``me``'s row with the tasks its pool
+    is ``running``, in one transaction; the full ``heartbeat`` when the node's row has gone.
 
     64 idle nodes beating every 2 s are 32 write transactions a second on the store; each is
-    now one statement instead of a read and a rewrite of every column (bench/latency.py).
+    now one statement instead of a read and a rewrite of every column (bench/latency.py), and
+    the worker's beat rides in the same transaction (as two, they were a fifth of an idle
+    federation's CPU: bench/RESULTS.md, per thread).
     """
     now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
         moved = cast(CursorResult[Any], session.execute(
             _BEAT, {"node": profile.name, "now": now})).rowcount
+        if me is not None:
+            incarnation.beat_in(session, me, now=now, running=running)
     if moved != 1:
         heartbeat(settings, profile, now=now)
 
@@ -147,12 +156,14 @@ class Heartbeat:
                    self._beat_once, patience=self.settings.heartbeat_interval)
 
     def _beat_once(self) -> None:
-        # The full row (this run's profile) until it is written once, then one UPDATE.
+        # The full row (this run's profile) until it is written once, then one UPDATE of it
+        # and of this worker's row, in one transaction.
         if self._registered:
-            beat(self.settings, self.profile)
-        else:
-            heartbeat(self.settings, self.profile, started_at=self.started_at)
-            self._registered = True
+            beat(self.settings, self.profile, me=self.me,
+                 running=self.running() if self.me is not None else ())
+            return
+        heartbeat(self.settings, self.profile, started_at=self.started_at)
+        self._registered = True
         if self.me is not None:
             incarnation.beat(self.settings, self.me, running=self.running())
 

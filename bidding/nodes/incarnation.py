@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Table, bindparam, select, update
+from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.config import Settings
@@ -125,9 +126,16 @@ def beat(settings: Settings, me: Incarnation, status: str = "online",
     """
     now = clock.now() if now is None else now
     with write_session(settings.database_url) as session:
-        moved = cast(CursorResult[Any], session.execute(_BEAT, {
-            "w_host": me.hostname, "w_boot": me.boot_id, "w_now": now,
-            "w_status": status, "w_running": list(running)})).rowcount
+        return beat_in(session, me, status=status, now=now, running=running)
+
+
+def beat_in(session: Session, me: Incarnation, *, now: float, status: str = "online",
+            running: Sequence[str] = ()) -> bool:
+    """``beat`` in a write ``session`` of the caller's (the node's periodic heartbeat writes
+    the node's row and this one in one transaction)."""
+    moved = cast(CursorResult[Any], session.execute(_BEAT, {
+        "w_host": me.hostname, "w_boot": me.boot_id, "w_now": now,
+        "w_status": status, "w_running": list(running)})).rowcount
     if moved != 1:
         logger.error("worker %s: its row in the store belongs to another incarnation: is a "
                      "second worker running under the same name? Give each worker of a node "

@@ -13,21 +13,36 @@ logger = logging.getLogger(__name__)
 BACKOFF_CAP = 5.0
 #: A loop that keeps failing logs one line every this many failures.
 REPEAT_EVERY = 10
+#: A loop that found nothing this many passes in a row starts to slow down (``idle_pause``).
+IDLE_PASSES = 5
+
+
+def _doubled(start: float, times: int, cap: float) -> float:
+    """``start`` doubled ``times`` times, at most ``cap``. Doubling stops at the cap: a counter
+    that keeps growing (failures, idle passes) would otherwise overflow a float (2.0 ** 1024
+    raises) and end the loop that asked."""
+    pause = start
+    for _ in range(times):
+        pause *= 2.0
+        if pause >= cap:
+            return cap
+    return pause
 
 
 def pause_after(interval: float, failures: int) -> float:
     """Seconds before the next call of a loop whose last ``failures`` calls failed."""
     if failures <= 0 or not interval > 0:
         return interval
-    cap = max(interval, BACKOFF_CAP)
-    # Doubling past the cap only overflows (2.0 ** 1024 raises, after 85 minutes of failures at
-    # the cap, and would end the loop): stop doubling once the cap is reached.
-    pause = interval
-    for _ in range(failures):
-        pause *= 2.0
-        if pause >= cap:
-            return cap
-    return pause
+    return _doubled(interval, failures, max(interval, BACKOFF_CAP))
+
+
+def idle_pause(base: float, empty_passes: int, longest: float) -> float:
+    """Seconds before the next pass of a loop whose last ``empty_passes`` found nothing:
+    ``base`` until ``IDLE_PASSES``, then doubling up to ``longest`` (never below ``base``: a
+    loop configured slower stays as slow)."""
+    if empty_passes < IDLE_PASSES or not base > 0:
+        return base
+    return max(base, _doubled(base, empty_passes - IDLE_PASSES + 1, longest))
 
 
 class Periodic:
@@ -50,6 +65,10 @@ class Periodic:
         self.jitter = jitter
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # Its own generator: a background thread drawing from the module's shared one would
+        # move the random state of whatever the process runs meanwhile (a seeded simulation,
+        # a property-based test).
+        self._random = random.Random()
 
     def _interval(self) -> float:
         return self.interval() if callable(self.interval) else self.interval
@@ -77,8 +96,8 @@ class Periodic:
 
     def _run(self, stop: threading.Event) -> None:
         failures = 0
-        while not stop.wait(pause_after(
-                self._interval() * (1 + random.uniform(-self.jitter, self.jitter)), failures)):
+        while not stop.wait(pause_after(self._interval() * (
+                1 + self._random.uniform(-self.jitter, self.jitter)), failures)):
             try:
                 self.fn()
             except Exception as exc:

@@ -24,6 +24,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
+from typing import Any
 
 from pydantic import (
     BaseModel,
@@ -34,6 +35,7 @@ from pydantic import (
     field_validator,
 )
 
+from bidding import resources
 from bidding.config import (
     BACKOFF_FACTOR_LIMIT,
     CHECK_ATTEMPTS_LIMIT,
@@ -99,6 +101,12 @@ class NodeProfile(BaseModel):
     latency_ms: float = Field(50.0, ge=0, le=3_600_000)
     trust: float = Field(70.0, ge=0, le=100)
     description: str = ""
+    #: The ``[resources]`` table: what the node has (``gpu_mem_gb = 24``, ``cpu = 8``); a
+    #: resource it does not declare is 0 here. Tasks' needs are reserved against it.
+    resources: dict[str, float] = Field(default_factory=dict)
+    #: Items the node holds warm from its start (``["model:llama-3-8b"]``); a task body adds
+    #: to them with ``bidding.mark_warm``.
+    warm: list[str] = Field(default_factory=list)
     #: The ``[checking]`` table: how the tasks delegated to this node are watched.
     checking: CheckingProfile = Field(default_factory=CheckingProfile)
     #: The node's own bidder, asked for each bid with the announcement and the built-in draft:
@@ -113,6 +121,16 @@ class NodeProfile(BaseModel):
     @classmethod
     def _distinct_names(cls, value: list[str]) -> list[str]:
         return skill_names(value, "capabilities")
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _resource_totals(cls, value: Any) -> dict[str, float]:
+        return resources.totals_of(value, "resources")
+
+    @field_validator("warm", mode="before")
+    @classmethod
+    def _warm_items(cls, value: Any) -> list[str]:
+        return resources.warm_items(value, "warm")
 
     @field_validator("bidder")
     @classmethod

@@ -9,11 +9,12 @@ read the ``bidding_nodes`` table, which each node's worker refreshes every
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from sqlalchemy import bindparam, select
 
-from bidding import clock
+from bidding import clock, resources
 from bidding.config import Settings
 from bidding.store import read_session
 from bidding.store.schema import Node
@@ -35,6 +36,10 @@ class LiveNode:
     successes: int = 0
     #: Its own bidder ("package.module:function" or "llm"); "" for the built-in one.
     bidder: str = ""
+    #: Its declared resources (``{"gpu_mem_gb": 24}``); empty: none.
+    resources: Mapping[str, float] = field(default_factory=dict)
+    #: The items it holds warm.
+    warm: tuple[str, ...] = ()
 
     @property
     def builtin_bidder(self) -> bool:
@@ -50,7 +55,8 @@ def dead_after(settings: Settings, now: float | None = None) -> float:
 
 _LIVE = (
     select(Node.name, Node.capabilities, Node.capacity, Node.price_per_unit, Node.latency_ms,
-           Node.trust, Node.last_heartbeat, Node.attempts, Node.successes, Node.bidder)
+           Node.trust, Node.last_heartbeat, Node.attempts, Node.successes, Node.bidder,
+           Node.resources, Node.warm)
     .where(Node.status == "online", Node.last_heartbeat >= bindparam("cutoff"))
     .order_by(Node.name)
 )
@@ -66,20 +72,23 @@ def query_live_nodes(settings: Settings, now: float | None = None) -> list[LiveN
         LiveNode(name=r.name, capabilities=tuple(r.capabilities), capacity=r.capacity,
                  price_per_unit=r.price_per_unit, latency_ms=r.latency_ms, trust=r.trust,
                  last_heartbeat=r.last_heartbeat, attempts=r.attempts, successes=r.successes,
-                 bidder=r.bidder or "")
+                 bidder=r.bidder or "", resources=dict(r.resources or {}),
+                 warm=tuple(r.warm or ()))
         for r in rows
     ]
 
 
 _COMING_BACK = (
-    select(Node.name, Node.capabilities)
+    select(Node.name, Node.capabilities, Node.resources)
     .where(Node.status != "stopped", Node.last_heartbeat >= bindparam("since"))
     .order_by(Node.name)
 )
 
 
-def coming_back(settings: Settings, skills: list[str], now: float | None = None) -> list[str]:
-    """Nodes offering every one of ``skills`` that are not live now but are expected back:
+def coming_back(settings: Settings, skills: list[str], now: float | None = None,
+                needs: Mapping[str, float] | None = None) -> list[str]:
+    """Nodes offering every one of ``skills`` (and whose declared resources cover ``needs``)
+    that are not live now but are expected back:
     they did not stop cleanly, and were seen within ``bidding_liveness_grace`` seconds of
     when they stopped being live (a heartbeat TTL after their last heartbeat).
 
@@ -93,7 +102,8 @@ def coming_back(settings: Settings, skills: list[str], now: float | None = None)
     since = now - settings.heartbeat_ttl - settings.liveness_grace
     with read_session(settings.database_url) as session:
         rows = session.execute(_COMING_BACK, {"since": since}).all()
-    return [name for name, capabilities in rows if set(skills) <= set(capabilities)]
+    return [name for name, capabilities, totals in rows if set(skills) <= set(capabilities)
+            and resources.shortfall(needs or {}, totals or {}) is None]
 
 
 _live_cache: dict[str, tuple[float, list[LiveNode]]] = {}

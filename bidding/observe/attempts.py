@@ -33,6 +33,10 @@ class AttemptView(BaseModel):
     then: str | None = None
     #: Nodes that lost it along the way, each with why.
     lost: list[str] = []
+    #: Nodes this attempt's auction was to leave out (the announcement's ``exclude_nodes``),
+    #: each with why: they failed the task or lost it. One that is the only capable node is
+    #: asked all the same (``auction.candidates.not_excluded``), and the text says so.
+    excluded: dict[str, str] = {}
 
     def line(self) -> str:
         """``#2 north -> south: succeeded`` (plain text)."""
@@ -47,6 +51,20 @@ class AttemptView(BaseModel):
         return text
 
 
+def exclusion_reason(node: str, earlier: Iterable[AttemptView]) -> str:
+    """Why a retry leaves ``node`` out: what happened to the latest earlier attempt it held."""
+    for a in sorted(earlier, key=lambda v: -v.attempt):
+        taken = next((entry for entry in a.lost if entry.split(":", 1)[0] == node), None)
+        if taken is not None:
+            return f"attempt #{a.attempt} was moved from it ({taken.split(':', 1)[1].strip()})"
+        if a.nodes and a.nodes[-1] == node:
+            if a.outcome in ("failed", "lost", "expired"):
+                error = f": {a.error}" if a.error else ""
+                return f"it {a.outcome} attempt #{a.attempt}{error}"
+            return f"it held attempt #{a.attempt} ({a.outcome})"
+    return "it failed the task or lost it before"
+
+
 def attempt_history(messages: Iterable[_Message]) -> list[AttemptView]:
     """The attempts of a task, oldest first, from its messages in log order."""
     views: dict[int, AttemptView] = {}
@@ -57,7 +75,15 @@ def attempt_history(messages: Iterable[_Message]) -> list[AttemptView]:
     for m in messages:
         d = dict(m.detail or {})
         a = view(m.attempt)
-        if m.kind == journal.AWARDED and m.node:
+        if m.kind == journal.ANNOUNCED and d.get("exclude_nodes"):
+            asked = set(d.get("candidates") or ())
+            earlier = [v for n, v in views.items() if n < m.attempt]
+            a.excluded = {
+                str(node): exclusion_reason(str(node), earlier)
+                + ("; asked all the same: no other live node could do it" if node in asked
+                   else "")
+                for node in d["exclude_nodes"]}
+        elif m.kind == journal.AWARDED and m.node:
             a.nodes.append(m.node)
             a.outcome = "awarded"
         elif m.kind == journal.REAWARDED:
@@ -73,6 +99,8 @@ def attempt_history(messages: Iterable[_Message]) -> list[AttemptView]:
             a.outcome, a.error = "succeeded", None
         elif m.kind in (journal.TASK_FAILED, journal.OUTPUT_INVALID, journal.COST_EXCEEDED):
             a.outcome, a.error = "failed", d.get("error") or a.error
+        elif m.kind == journal.EXPIRED:
+            a.outcome, a.error = "expired", d.get("error") or a.error
         elif m.kind == journal.NO_AWARD:
             a.outcome, a.error = "no winner", d.get("error")
         elif m.kind == journal.ESCALATED:

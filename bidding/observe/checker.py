@@ -98,6 +98,9 @@ MOVES: Final[Mapping[str, _Move]] = {
     journal.OUTPUT_INVALID: _Move(_S.FAILED, frozenset({_S.COMPLETED}), after_accepted=True),
     journal.COST_EXCEEDED: _Move(_S.FAILED, _S.sources(_S.FAILED), after_accepted=True),
     journal.TASK_FAILED: _Move(_S.FAILED, _S.sources(_S.FAILED)),
+    # a sweeper ends a waiting task (or one awarded and still queued), or the node that
+    # received it ends it unstarted
+    journal.EXPIRED: _Move(_S.FAILED, _S.sources(_S.FAILED), by_holder=False),
     journal.RETRYING: _Move(_S.RETRYING, _S.sources(_S.RETRYING)),
     journal.ESCALATED: _Move(_S.ESCALATED, _S.sources(_S.ESCALATED)),
 }

@@ -7,22 +7,24 @@ from typing import Any
 
 from celery import Celery
 from pydantic import BaseModel
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from bidding import clock
 from bidding.auction.board import get_board
+from bidding.auction.history import read_rooms
+from bidding.auction.placement import Room
 from bidding.config import get_settings
 from bidding.context import Context
 from bidding.errors import ConfigurationError, UnknownTaskError
 from bidding.lifecycle import journal, states
 from bidding.lifecycle.plugins import plugins_of
-from bidding.models import Bid
-from bidding.observe.attempts import AttemptView, attempt_history
+from bidding.models import DEFAULT_PRIORITY, Bid, priority_label
+from bidding.observe.attempts import AttemptView, attempt_history, exclusion_reason
 from bidding.observe.status import watch_of
 from bidding.observe.watch import WatchView
 from bidding.observe.why import why_won
 from bidding.store import ensure_schema, read_session, store_label
-from bidding.store.schema import AnnouncementRow, BidRow, Message
+from bidding.store.schema import AnnouncementRow, BidRow, LedgerEntry, Message
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,11 @@ class BidView(BaseModel):
     bidder: str | None = None
     #: Tokens, requests, cost the bidder's model reported (an LLM bidder).
     usage: dict[str, float] = {}
+    #: What the bid claims the attempt will cost and take (None: it did not say), and its
+    #: free-form figures (a bidder's ``metadata``, e.g. ``estimated_tokens``).
+    estimated_cost: float | None = None
+    estimated_duration_s: float | None = None
+    metadata: dict[str, Any] = {}
 
 
 class MessageView(BaseModel):
@@ -77,6 +84,8 @@ class Explanation(BaseModel):
     strategy: str
     required_skills: list[str]
     preferred_node: str | None
+    #: 0-9, higher is more urgent.
+    priority: int = DEFAULT_PRIORITY
     candidates: list[str]
     winner: str | None
     winning_score: float | None
@@ -99,18 +108,47 @@ class Explanation(BaseModel):
     #: Why the winner won and what kept each other candidate out, in sentences (this
     #: attempt's auction; ``observe.why``).
     why: list[str] = []
+    #: The proposal of the bid the task's node won it with (this attempt's): the approach the
+    #: body ran under (``bidding.current_award().proposal``); None without a winning bid.
+    proposal: str | None = None
+    #: What the body did, as stored: ``{"value": ...}`` (returned) or ``{"exception":
+    #: {"exc_type", "exc_module", "exc_message"}}`` (raised); None while it has not ended.
+    result: dict[str, Any] | None = None
+    #: Options the coordinator's rules set because the call did not, each with why
+    #: (``bidding_skill_keywords``, ``bidding_preferred_nodes``).
+    inferred: dict[str, str] = {}
+    #: The cost the winning bid estimated (None: no award, or it did not say) and the actual
+    #: cost so far (the ledger's sum over every attempt).
+    estimated_cost: float | None = None
+    actual_cost: float = 0.0
+    #: What one attempt holds on its node, and the items it asked to find warm; each bid's
+    #: ``fit`` and ``warm`` multipliers say how its node's room weighed (``auction.placement``).
+    resources: dict[str, float] = {}
+    affinity: list[str] = []
+    #: For a task that needs resources or warm items: each of this attempt's bidders' room
+    #: now (``declared``, ``reserved``, ``free`` and ``warm``), read when explain runs.
+    rooms: dict[str, dict[str, Any]] = {}
 
     def render(self) -> str:
         """A plain-text report for terminals."""
         lines = [
-            f"task {self.task_id}  {self.task_name}  type={self.task_type}  state={self.state}",
+            f"task {self.task_id}  {self.task_name}  type={self.task_type}  state={self.state}"
+            f"  priority {priority_label(self.priority)}",
             f"  required skills: {', '.join(self.required_skills) or '-'}"
             f"   preferred node: {self.preferred_node or '-'}   strategy: {self.strategy}",
+            *(f"  {option.replace('_', ' ')} inferred: {why}"
+              for option, why in self.inferred.items()),
+            *([f"  needs: {', '.join(f'{k} {v:g}' for k, v in sorted(self.resources.items()))}"]
+              if self.resources else []),
+            *([f"  warm wanted: {', '.join(self.affinity)}"] if self.affinity else []),
+            *(f"  {node} now: {_room_line(room)}" for node, room in sorted(self.rooms.items())),
             f"  candidates: {', '.join(self.candidates) or '(none)'}",
         ]
         if len(self.attempts) > 1 or (self.attempts and self.attempts[0].error):
             lines.append("  attempts:")
-            lines += [f"    {a.line()}" for a in self.attempts]
+            for a in self.attempts:
+                lines.append(f"    {a.line()}")
+                lines += [f"      left out {node}: {why}" for node, why in a.excluded.items()]
         # A retried or re-announced task: say which attempt the winner and bids are of.
         label = f"attempt {self.attempt} " if self.attempt > 1 else ""
         if self.winner:
@@ -123,7 +161,12 @@ class Explanation(BaseModel):
             lines.append(f"  {label}no winner ({self.closed_by}): {self.error}")
         elif self.error:
             lines.append(f"  {label}error: {self.error}")
+        lines += _award_lines(self)
         lines += [f"  why: {w}" for w in self.why]
+        if self.estimated_cost is not None or self.actual_cost:
+            estimated = "-" if self.estimated_cost is None else f"{self.estimated_cost:.4f}"
+            lines.append(f"  cost: estimated {estimated} by the winning bid, actual "
+                         f"{self.actual_cost:.4f} (the ledger)")
         if self.watch is not None and (self.watch.escalated or self.watch.check_attempts):
             lines.append(f"  watch: {self.watch.line(clock.now())}")
         shown = [b for b in self.bids if b.attempt == self.attempt]
@@ -155,6 +198,28 @@ class Explanation(BaseModel):
         return "\n".join(lines)
 
 
+#: Characters of a result shown in the text report (all of it is in --json).
+_SHOWN = 200
+
+
+def _award_lines(e: Explanation) -> list[str]:
+    """The winner's proposal next to what the body did with it."""
+    if not e.winner or e.proposal is None:
+        return []
+    lines = [f"  proposal: {e.proposal or '(none)'}"]
+    if e.result is not None and "value" in e.result:
+        shown = repr(e.result["value"])
+        cut = f"... ({len(shown)} characters)" if len(shown) > _SHOWN else ""
+        lines.append(f"  result: returned {shown[:_SHOWN]}{cut}")
+    elif e.result is not None and isinstance(e.result.get("exception"), dict):
+        raised = e.result["exception"]
+        message = " ".join(str(m) for m in raised.get("exc_message") or [])
+        lines.append(f"  result: raised {raised.get('exc_type')}: {message}")
+    elif e.state == states.EXECUTING:
+        lines.append("  result: (the body is running)")
+    return lines
+
+
 def _bidder_lines(b: BidView) -> list[str]:
     """What a node's own bidder said, under its bid or refusal (nothing for built-in ones)."""
     if b.bidder is None:
@@ -166,6 +231,10 @@ def _bidder_lines(b: BidView) -> list[str]:
             lines.append(f"{'':13}proposal: {b.proposal}")
         if b.reasoning:
             lines.append(f"{'':13}reasoning: {b.reasoning}")
+        claims = [f"cost {b.estimated_cost:g}" if b.estimated_cost is not None else "",
+                  f"{b.estimated_duration_s:g} s" if b.estimated_duration_s is not None else ""]
+        if any(claims):
+            lines.append(f"{'':13}estimates: {', '.join(c for c in claims if c)}")
     return lines
 
 
@@ -223,6 +292,8 @@ def explain(task_id: str, app: Celery | None = None, *,
         messages = session.scalars(
             select(Message).where(Message.task_id == task_id).order_by(Message.id)
         ).all()
+        spent = session.scalar(select(func.sum(LedgerEntry.total))
+                               .where(LedgerEntry.task_id == task_id))
         # Each attempt's auction starts at its own ANNOUNCED message (a retry's much later
         # than the row's first announcement): answer times and latency count from there.
         starts = {m.attempt: m.at for m in messages if m.kind == journal.ANNOUNCED}
@@ -232,9 +303,16 @@ def explain(task_id: str, app: Celery | None = None, *,
             views.extend(_pending(app, task_id, row.attempt, started))
         current = [v for v in views if v.attempt == row.attempt]
         moved = [m for m in messages if m.kind == journal.REAWARDED and m.attempt == row.attempt]
+        attempts = attempt_history(messages)
+        needs, affinity = dict(row.resources or {}), list((row.spec or {}).get("affinity") or [])
+        rooms = ({node: _room_view(room) for node, room in read_rooms(
+            session, sorted({v.node for v in current})).items()}
+            if needs or affinity else {})
+        excluded = _excluded(attempts, row)
         why = why_won(current, winner=row.assigned_node, outcome=row.outcome, error=row.error,
                       candidates=list(row.candidates), state=row.state,
-                      moved_from=_moved_from(moved[-1].detail) if moved else None)
+                      moved_from=_moved_from(moved[-1].detail) if moved else None,
+                      excluded=excluded)
         return Explanation(
             task_id=row.task_id,
             task_name=row.task_name,
@@ -243,6 +321,10 @@ def explain(task_id: str, app: Celery | None = None, *,
             strategy=row.strategy,
             required_skills=list(row.required_skills),
             preferred_node=row.preferred_node,
+            priority=row.priority,
+            resources=needs,
+            affinity=affinity,
+            rooms=rooms,
             candidates=list(row.candidates),
             winner=row.assigned_node,
             winning_score=row.winning_score,
@@ -258,11 +340,38 @@ def explain(task_id: str, app: Celery | None = None, *,
                             detail=dict(m.detail or {}))
                 for m in messages
             ],
-            attempts=attempt_history(messages),
+            attempts=attempts,
             attempt=row.attempt,
             watch=watch_of(row),
             why=why,
+            proposal=_proposal_of(current, row.assigned_node),
+            result=dict(row.result) if row.result is not None else None,
+            inferred={str(k): str(v)
+                      for k, v in ((row.spec or {}).get("inferred") or {}).items()},
+            estimated_cost=row.estimated_cost,
+            actual_cost=float(spent or 0.0),
         )
+
+
+def _excluded(attempts: list[AttemptView], row: AnnouncementRow) -> dict[str, str]:
+    """The nodes the current attempt's auction was to leave out, each with why. From its
+    ANNOUNCED message; for a store written before that message said so, from the row's
+    announcement (which is the current attempt's), filled into ``attempts`` too."""
+    current = next((a for a in attempts if a.attempt == row.attempt), None)
+    if current is None:
+        return {}
+    if not current.excluded:
+        exclude = (row.spec or {}).get("exclude_nodes") or []
+        earlier = [a for a in attempts if a.attempt < row.attempt]
+        current.excluded = {str(n): exclusion_reason(str(n), earlier) for n in exclude}
+    return current.excluded
+
+
+def _proposal_of(bids: list[BidView], node: str | None) -> str | None:
+    """The proposal of ``node``'s bid among this attempt's (the one the body runs under, also
+    after a move to the next-best bidder), or None."""
+    mine = [b for b in bids if b.node == node and b.will_bid and not b.late]
+    return mine[-1].proposal if mine else None
 
 
 def bid_view(b: BidRow, announced_at: float) -> BidView:
@@ -285,11 +394,15 @@ def _moved_from(detail: dict[str, Any] | None) -> tuple[str, str] | None:
 
 
 def _judged(payload: dict[str, Any]) -> dict[str, Any]:
-    """The proposal, reasoning, bidder and usage of a stored answer (its JSON payload)."""
+    """The proposal, reasoning, bidder, usage, estimates and metadata of a stored answer (its
+    JSON payload)."""
     return {"proposal": str(payload.get("proposal") or ""),
             "reasoning": str(payload.get("reasoning") or ""),
             "bidder": payload.get("bidder"),
-            "usage": dict(payload.get("usage") or {})}
+            "usage": dict(payload.get("usage") or {}),
+            "estimated_cost": payload.get("estimated_cost"),
+            "estimated_duration_s": payload.get("estimated_duration_s"),
+            "metadata": dict(payload.get("metadata") or {})}
 
 
 def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> list[BidView]:
@@ -316,3 +429,14 @@ def _pending(app: Celery, task_id: str, attempt: int, announced_at: float) -> li
         else:
             views.append(BidView(will_bid=False, reason=a.reason, **common))
     return views
+
+
+def _room_view(room: Room) -> dict[str, Any]:
+    return {"declared": dict(room.totals), "reserved": dict(room.reserved),
+            "free": room.free, "warm": sorted(room.warm)}
+
+
+def _room_line(room: dict[str, Any]) -> str:
+    held = ", ".join(f"{name} {room['free'].get(name, 0):g}/{total:g} free"
+                     for name, total in sorted(room["declared"].items())) or "no resources"
+    return held + (f"; warm: {', '.join(room['warm'])}" if room["warm"] else "")

@@ -1,4 +1,5 @@
-"""The watch's loop: a pass of due checks (``checking.check_due``) every fraction of a second.
+"""The watch's loop: a pass of due checks (``checking.check_due``) up to every second while
+there is work, spaced out to a quarter of the shortest first wait while there is none.
 
 Every node worker runs one (as it runs the sweepers), so no extra process is needed;
 ``bidding monitor`` runs the same loop in the foreground, for a store whose tasks no node
@@ -13,12 +14,13 @@ from celery import Celery
 from bidding.config import Settings
 from bidding.nodes.periodic import Periodic
 from bidding.observe.checking import Pass, check_due
-from bidding.observe.watch import pass_interval
+from bidding.observe.watch import idle_pass_interval
 
 
 class Monitor:
     """A restartable loop of watch passes; its interval follows the shortest first wait of
-    any policy and the number of nodes whose monitors share the work."""
+    any policy and the number of nodes whose monitors share the work, and grows while its
+    passes find nothing to write (``idle_pass_interval``)."""
 
     def __init__(self, settings: Settings, name: str = "bidding-monitor",
                  app: Celery | None = None) -> None:
@@ -26,15 +28,19 @@ class Monitor:
         #: Where escalations are sent as Flower events (when its events are on).
         self.app = app
         self.last = Pass(shortest_wait=settings.initial_check_wait_time)
+        #: Passes in a row that wrote no check and escalated nothing.
+        self.empty_passes = 0
         self._loop = Periodic(name, self.interval, self.run_once, jitter=0.25)
 
     def interval(self) -> float:
         """Seconds until the next pass."""
-        return pass_interval(self.last.shortest_wait, self.last.alive)
+        return idle_pass_interval(self.last.shortest_wait, self.last.alive, self.empty_passes)
 
     def run_once(self) -> Pass:
         """One pass now."""
         self.last = check_due(self.settings, app=self.app)
+        busy = self.last.written or self.last.escalated
+        self.empty_passes = 0 if busy else self.empty_passes + 1
         return self.last
 
     @property

@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from bidding import clock
+from bidding.auction import decision
 from bidding.lifecycle import journal, states
 from bidding.observe.logcheck import check_log
 from bidding.store import read_session
@@ -70,6 +71,10 @@ class Stats(BaseModel):
     #: Failed tasks whose last auction found no node (no bidders, no valid bid): they are in
     #: no node's "failed" count.
     failed_without_node: int = 0
+    #: Those tasks by their auction's outcome, in seed 001's words ("No bidders registered":
+    #: no live node has a required skill; "No bids met minimum confidence": nodes bid, none
+    #: confidently enough), so that a task with a bid is not counted as finding no node.
+    no_award: dict[str, int] = {}
     unfinished: int
     success_rate: float | None
     assignment_p50_ms: float | None
@@ -95,8 +100,12 @@ class Stats(BaseModel):
                   + time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.since)))
 
         rate = "-" if self.success_rate is None else f"{self.success_rate:.1%}"
-        no_node = (f" ({self.failed_without_node} found no node)" if self.failed_without_node
-                   else "")
+        no_node = ""
+        if self.failed_without_node:
+            reasons = ", ".join(f"{n} {reason}" for reason, n in self.no_award.items())
+            no_node = (f" ({self.failed - self.failed_without_node} on their node, "
+                       f"{self.failed_without_node} without an award"
+                       + (f": {reasons}" if reasons else "") + ")")
         lines = [
             f"window: {window}",
             f"tasks: {self.announced} announced, {self.succeeded} succeeded, "
@@ -169,6 +178,7 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
                 AnnouncementRow.announced_at,
                 AnnouncementRow.awarded_at,
                 AnnouncementRow.task_type,
+                AnnouncementRow.error,
             ).where(AnnouncementRow.announced_at >= since)
         ).all()
         escalations: dict[str, int] = {
@@ -226,6 +236,8 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
         succeeded=succeeded,
         failed=failed,
         failed_without_node=sum(1 for r in rows if r[0] == states.FAILED and r[1] is None),
+        no_award=dict(sorted(Counter(no_award_reason(r.error) for r in rows
+                                     if r[0] == states.FAILED and r[1] is None).items())),
         unfinished=len(rows) - succeeded - failed,
         success_rate=succeeded / (succeeded + failed) if succeeded + failed else None,
         assignment_p50_ms=percentile(latencies, 50),
@@ -258,6 +270,17 @@ def collect(database_url: str, since: float = 0.0, *, protocol: bool = True) -> 
             for n in nodes
         ],
     )
+
+
+#: The outcomes of an auction without an award (seed 001's words), as ``no_award`` counts them.
+NO_AWARD_OUTCOMES = (decision.NO_BIDDERS, decision.NO_BIDS, decision.NO_CONFIDENT_BIDS,
+                     decision.NO_VALID_BIDS)
+
+
+def no_award_reason(error: str | None) -> str:
+    """The outcome an auction's error starts with (``"No bidders registered: no live node
+    offers x"`` gives ``"No bidders registered"``); "other" for any other error."""
+    return next((o for o in NO_AWARD_OUTCOMES if (error or "").startswith(o)), "other")
 
 
 def _by_type(rows: Sequence[Any]) -> list[TypeStats]:

@@ -10,11 +10,11 @@ from sqlalchemy import select
 from bidding import clock
 from bidding.errors import UnknownTaskError
 from bidding.lifecycle import states
-from bidding.models import Announcement
+from bidding.models import DEFAULT_PRIORITY, Announcement, priority_label
 from bidding.observe.attempts import AttemptView, attempt_history
 from bidding.observe.watch import WatchState, WatchView, last_news, view
 from bidding.store import ensure_schema, read_session, store_label
-from bidding.store.schema import AnnouncementRow, LedgerEntry, Message
+from bidding.store.schema import AnnouncementRow, LedgerEntry, Message, Tag
 
 
 class LedgerLine(BaseModel):
@@ -27,6 +27,11 @@ class LedgerLine(BaseModel):
     total: float
 
 
+#: States of a task that has not started (its expiry still bites).
+_NOT_STARTED = frozenset({states.PENDING, states.BIDDING, states.ASSIGNED, states.RETRYING,
+                          states.DEFERRED})
+
+
 class TaskStatus(BaseModel):
     """The task now: state, attempt, node, progress, cost against budget, last events."""
 
@@ -35,6 +40,8 @@ class TaskStatus(BaseModel):
     state: str
     attempt: int
     node: str | None
+    #: 0-9, higher is more urgent.
+    priority: int = DEFAULT_PRIORITY
     progress: dict[str, Any]
     budget: float | None
     cost_so_far: float
@@ -57,6 +64,16 @@ class TaskStatus(BaseModel):
     #: Why the sweepers stopped looking at it (``lifecycle.parking``): which scan failed on it
     #: pass after pass, and how. None while it is not parked.
     parked: str | None = None
+    #: Its start-by time (Unix time: the earlier of its expiry and deadline); not started by
+    #: then, it never starts. None without one.
+    expires_at: float | None = None
+    #: AITP metadata: its tags, who created it, the cost its winning bid estimated (None
+    #: before an award, or when the bid did not say) and the actual cost (its ledger's sum,
+    #: ``cost_so_far``).
+    tags: list[str] = []
+    created_by: str | None = None
+    estimated_cost: float | None = None
+    actual_cost: float = 0.0
 
     def render(self) -> str:
         """Plain text for terminals."""
@@ -65,7 +82,11 @@ class TaskStatus(BaseModel):
         state = (f"{self.state}, {self.watch.line(now)}" if self.watch and self.watch.escalated
                  else self.state)
         lines = [f"task {self.task_id}  {self.task_name}",
-                 f"  state: {state}  attempt: {self.attempt}  node: {self.node or '-'}"]
+                 f"  state: {state}  attempt: {self.attempt}  node: {self.node or '-'}  "
+                 f"priority: {priority_label(self.priority)}"]
+        if self.tags or self.created_by:
+            lines.append(f"  tags: {', '.join(self.tags) or '-'}  created by: "
+                         f"{self.created_by or '-'}")
         if self.parked:
             lines.append(f"  parked: {self.parked} (no sweeper looks at it until it moves on; "
                          f"`bidding reset {self.task_id}` puts it back)")
@@ -77,8 +98,13 @@ class TaskStatus(BaseModel):
             lines.append(f"  progress: {p.get('current')}/{p.get('total')}{pct} {p.get('note')}")
         if self.retry_at:
             lines.append(f"  next attempt in {max(0.0, self.retry_at - now):.1f}s")
+        if self.expires_at is not None and self.state in _NOT_STARTED:
+            lines.append(f"  expires in {max(0.0, self.expires_at - now):.1f}s unless it "
+                         "starts by then")
         budget = "-" if self.budget is None else f"{self.budget:.4f}"
-        lines.append(f"  cost so far: {self.cost_so_far:.4f} of budget {budget}")
+        estimated = ("" if self.estimated_cost is None
+                     else f" (estimated {self.estimated_cost:.4f} by the winning bid)")
+        lines.append(f"  cost so far: {self.cost_so_far:.4f} of budget {budget}{estimated}")
         for e in self.ledger:
             lines.append(f"    attempt {e.attempt} on {e.node}: {e.units:g} units x "
                          f"{e.price_per_unit:g} = {e.total:.4f}")
@@ -105,6 +131,8 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
         log = session.scalars(select(Message).where(Message.task_id == task_id)
                               .order_by(Message.id)).all()
         kinds = [m.kind for m in log[-events:]]
+        tags = list(session.scalars(select(Tag.tag).where(Tag.task_id == task_id)
+                                    .order_by(Tag.tag)))
         try:
             budget = Announcement.model_validate(row.spec).budget
         except ValidationError:
@@ -114,7 +142,8 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
         spent = sum(e.total for e in ledger)
         return TaskStatus(
             task_id=task_id, task_name=row.task_name, state=row.state, attempt=row.attempt,
-            node=row.assigned_node, progress=dict(row.progress or {}), budget=budget,
+            node=row.assigned_node, priority=row.priority, progress=dict(row.progress or {}),
+            budget=budget,
             cost_so_far=spent,
             remaining_budget=None if budget is None else budget - spent,
             ledger=[LedgerLine(attempt=e.attempt, node=e.node, units=e.units,
@@ -125,7 +154,8 @@ def task_status(database_url: str, task_id: str, events: int = 8) -> TaskStatus:
             attempts=attempt_history(log),
             announced_at=row.announced_at, started_at=row.started_at,
             finished_at=row.finished_at, result=row.result, watch=watch_of(row),
-            parked=row.parked,
+            parked=row.parked, expires_at=row.expires_at, tags=tags, created_by=row.created_by,
+            estimated_cost=row.estimated_cost, actual_cost=spent,
         )
 
 

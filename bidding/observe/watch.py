@@ -28,6 +28,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from bidding.config import Settings
+from bidding.nodes.periodic import idle_pause
 
 #: A worker whose heartbeat is older than this many heartbeat intervals is silent (it missed
 #: two beats); its death is the liveness watchdog's call (``bidding_heartbeat_ttl``), not ours.
@@ -230,6 +231,21 @@ def pass_interval(shortest_wait: float, alive: int) -> float:
     at most that late), between 50 ms and 1 s, longer as more nodes' monitors share the work
     (as the sweepers' interval grows: 64 nodes cost what 4 do)."""
     return min(1.0, max(0.05, shortest_wait / 4.0)) * max(1.0, alive / 4.0)
+
+
+def idle_pass_interval(shortest_wait: float, alive: int, empty_passes: int) -> float:
+    """Seconds between a monitor's passes after ``empty_passes`` that wrote nothing in a row:
+    ``pass_interval`` until ``periodic.IDLE_PASSES``, then doubling up to a quarter of the
+    shortest first wait (times the nodes' share, as ``pass_interval``), never below
+    ``pass_interval`` (as the sweeper's idle phases slow down); the first pass that writes a
+    check brings it back.
+
+    Why the quarter: that is how late a check may be (``pass_interval``'s rule); the 1 s
+    ceiling of a busy monitor is tighter than the rule asks, and cost each idle node a pass a
+    second: a fifth of a percent of a core each, more than its heartbeat and its lease
+    together (bench/idle.py, per thread)."""
+    longest = max(0.05, shortest_wait / 4.0) * max(1.0, alive / 4.0)
+    return idle_pause(pass_interval(shortest_wait, alive), empty_passes, longest)
 
 
 class WatchView(BaseModel):

@@ -83,14 +83,16 @@ def _verdict(bids: Sequence[ScoredBid], winner: str, outcome: str | None) -> str
 
 def why_won(bids: Sequence[ScoredBid], *, winner: str | None, outcome: str | None = None,
             error: str | None = None, candidates: Sequence[str] = (), state: str = "",
-            moved_from: tuple[str, str] | None = None) -> list[str]:
+            moved_from: tuple[str, str] | None = None,
+            excluded: Mapping[str, str] | None = None) -> list[str]:
     """Sentences saying why ``winner`` won the auction of ``bids`` (one attempt's answers) and
     why each other candidate did not: not eligible, refused, late, or silent.
 
     ``state`` is the task's state now (BIDDING: the auction is open; RETRYING, DEFERRED or
     PENDING without a winner: this attempt is not announced yet). ``moved_from`` is
     (node, reason) when a watchdog moved the task from the auction's winner to ``winner``, the
-    next-best bidder.
+    next-best bidder. ``excluded`` maps each node the auction was to leave out (it failed the
+    task or lost it: the announcement's ``exclude_nodes``) to why.
     """
     closed = state != states.BIDDING
     if moved_from is not None and winner is not None:
@@ -112,6 +114,11 @@ def why_won(bids: Sequence[ScoredBid], *, winner: str | None, outcome: str | Non
         elif not b.breakdown.get("eligible", True):
             lines.append(f"{b.node} was not eligible: "
                          f"{b.breakdown.get('reason') or 'no reason given'}")
+    for node, reason in (excluded or {}).items():
+        if node in candidates:  # the reason says it was asked all the same
+            lines.append(f"{node} was to be left out: {reason}")
+        else:
+            lines.append(f"{node} was not asked: {reason}")
     answered = {b.node for b in bids}
     for node in candidates:
         if node not in answered:

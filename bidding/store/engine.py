@@ -33,7 +33,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
-from bidding.config import db_pool_size
+from bidding.config import db_pool_size, db_transaction_pooler
 from bidding.store import clock as store_clock
 from bidding.store.forkguard import guard
 
@@ -47,6 +47,8 @@ PING_AFTER_IDLE = 30.0
 #: ``bidding_db_pool_size``.
 MAX_OVERFLOW = 10
 _lock = threading.Lock()
+#: Jitter of reconnection pauses (its own generator: see nodes.periodic).
+_jitter = random.Random()
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def _build(url: str) -> _Engines:
             # a connect timeout, and TCP keepalives on every pooled connection.
             kwargs["connect_args"] = {"connect_timeout": CONNECT_TIMEOUT, "keepalives": 1,
                                       "keepalives_idle": 10, "keepalives_interval": 5,
-                                      "keepalives_count": 3}
+                                      "keepalives_count": 3, **pooler_connect_args(url)}
     engine = create_engine(url, **kwargs)
     if is_sqlite(url):
         _configure_sqlite(engine)
@@ -151,6 +153,17 @@ def _build(url: str) -> _Engines:
         writer=sessionmaker(bind=writer_engine, expire_on_commit=False),
         plain=reader_engine,
     )
+
+
+def pooler_connect_args(url: str) -> dict[str, Any]:
+    """psycopg's connection options for ``url`` behind a transaction pooler
+    (``bidding_db_transaction_pooler``): no server-side prepared statements. psycopg prepares
+    a statement it has run five times on a connection; through PgBouncer in transaction mode
+    the next transaction may run on another server connection, where the prepared statement
+    does not exist."""
+    if not db_transaction_pooler() or make_url(url).get_driver_name() != "psycopg":
+        return {}
+    return {"prepare_threshold": None}
 
 
 def _configure_sqlite(engine: Engine) -> None:
@@ -244,7 +257,7 @@ def _begin_immediate(dbapi_connection: Any, timeout: float = 30.0) -> None:
                     raise
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(pause * (0.5 + random.random()))
+                time.sleep(pause * (0.5 + _jitter.random()))
                 pause = min(pause * 1.5, 0.002)
     finally:
         cursor.execute("PRAGMA busy_timeout=30000")

@@ -7,21 +7,23 @@ advisory lock (PostgreSQL) makes one of them migrate while the others wait.
 from __future__ import annotations
 
 import fcntl
+import functools
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, inspect, text
 from sqlalchemy.engine import make_url
 
 from bidding.errors import ConfigurationError
 from bidding.store.engine import get_engine, is_sqlite, normalize_url, sqlite_path, store_label
 from bidding.store.forkguard import guard
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _ADVISORY_KEY = 7_404_119_005  # any constant shared by every process of this product
@@ -31,21 +33,39 @@ _done_lock = threading.Lock()
 
 def alembic_config() -> Config:
     """An Alembic config pointing at the bundled migrations."""
+    # Alembic is imported here, when a store is migrated, not by every process that only
+    # checks that its store is current: it is about 10 MB of a node worker's memory.
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     return cfg
 
 
+_REVISION = re.compile(r"^(down_)?revision\s*=\s*['\"]([^'\"]*)['\"]", re.M)
+
+
+@functools.cache
 def head_revision() -> str:
-    """The newest revision of the bundled migrations."""
-    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
-    assert head is not None
-    return head
+    """The newest revision of the bundled migrations: the one no other revises (they form
+    one chain), read from the migration files without importing Alembic."""
+    revisions: set[str] = set()
+    revised: set[str] = set()
+    for path in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        for down, value in _REVISION.findall(path.read_text()):
+            (revised if down else revisions).add(value)
+    heads = revisions - revised
+    if len(heads) != 1:
+        raise RuntimeError(f"the bundled migrations have {len(heads)} heads: {sorted(heads)}")
+    return heads.pop()
 
 
 def current_revision(conn: Connection) -> str | None:
-    """The revision the database is at, or None when it has never been migrated."""
-    return MigrationContext.configure(conn).get_current_revision()
+    """The revision the database is at, or None when it has never been migrated (Alembic's
+    own table, read directly)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
 
 
 @contextmanager
@@ -64,22 +84,34 @@ def _migration_lock(url: str) -> Iterator[None]:
             finally:
                 fcntl.flock(handle, fcntl.LOCK_UN)
         return
+    # A transaction's lock, held until this connection's transaction ends: behind a pooler in
+    # transaction mode the transaction keeps one server connection, and a migrator killed
+    # mid-way releases it with its transaction (a session's lock would stay on the pooled
+    # server connection, and every later migration would wait for it for ever).
     with get_engine(url).connect() as conn:
-        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _ADVISORY_KEY})
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _ADVISORY_KEY})
         try:
             yield
         finally:
-            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _ADVISORY_KEY})
-            conn.commit()
+            conn.rollback()
 
 
 def upgrade(url: str, revision: str = "head") -> None:
-    """Bring the database at ``url`` to ``revision`` (creates the file of a new SQLite store)."""
+    """Bring the database at ``url`` to ``revision`` (creates the file of a new SQLite store);
+    a store already at the head costs one read."""
     url = normalize_url(url)
     if is_sqlite(url):
         database = make_url(url).database
         if database and database != ":memory:":
             Path(database).parent.mkdir(parents=True, exist_ok=True)
+    if revision == "head":
+        with guard.inside(), get_engine(url).connect() as conn:
+            if current_revision(conn) == head_revision():
+                # Alembic is loaded only to migrate: a node worker starting on a current
+                # store has no other use for it (about 10 MB of its memory).
+                return
+    from alembic import command
+
     with guard.inside(), _migration_lock(url), get_engine(url).begin() as conn:
         cfg = alembic_config()
         cfg.attributes["connection"] = conn

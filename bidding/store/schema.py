@@ -48,6 +48,11 @@ class Node(Base):
     #: Its profile's own bidder ("package.module:function" or "llm"), None for the built-in
     #: one: announcers in "auto" bid mode bid for a node without one and ask the others.
     bidder: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    #: Its profile's ``[resources]`` table (``{"gpu_mem_gb": 24}``), None: it declares none.
+    resources: Mapped[dict[str, float] | None] = mapped_column(JSONType, nullable=True)
+    #: The items it holds warm: its profile's, and those its task bodies marked since it
+    #: started (``bidding.mark_warm``); None: none.
+    warm: Mapped[list[str] | None] = mapped_column(JSONType, nullable=True)
 
 
 class Worker(Base):
@@ -141,6 +146,17 @@ class AnnouncementRow(Base):
     #: it moves on (any transition clears both) or ``bidding reset`` (``lifecycle.parking``).
     scan_failures: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     parked: Mapped[str | None] = mapped_column(Text, nullable=True)
+    #: When a task that has not started by then never starts (Celery's ``expires``; None:
+    #: never). The task's, not an attempt's: a retry due after it does not run.
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: Who created it (AITP ``created_by``): the API's caller, or the call's option.
+    created_by: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    #: What one attempt holds on its node (``{"gpu_mem_gb": 20}``), None: nothing. Summed
+    #: over a node's ASSIGNED and RUNNING tasks, it is what the node has reserved.
+    resources: Mapped[dict[str, float] | None] = mapped_column(JSONType, nullable=True)
+    #: The cost the winning bid estimated (AITP ``estimated_cost``); the actual cost is the
+    #: sum of its ledger entries.
+    estimated_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_bidding_announcements_node_state", "assigned_node", "state"),
@@ -180,6 +196,9 @@ class BidRow(Base):
     #: True when the bid arrived after its auction had closed.
     late: Mapped[bool] = mapped_column(Boolean, default=False)
     bid_at: Mapped[float] = mapped_column(Float)
+    #: What the bidder expects the attempt to cost and take (None: it did not say).
+    estimated_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    estimated_duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class Episode(Base):
@@ -201,11 +220,28 @@ class Episode(Base):
     #: Lost with its node or worker (killed, restarted, silent, never started it), not failed
     #: by the body: it counts in the node's record (trust), not in its experience of the type.
     lost: Mapped[bool] = mapped_column(Boolean, default=False, server_default=sa_false())
+    #: What the winning bid claimed (kept here: bids are pruned sooner than episodes), so that
+    #: a node's claims can be compared with what then happened (None: no claim was made).
+    claimed_confidence: Mapped[float | None] = mapped_column(Float, nullable=True)
+    estimated_cost: Mapped[float | None] = mapped_column(Float, nullable=True)
+    estimated_duration_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         Index("ix_bidding_episodes_node_type", "node", "task_type", "finished_at"),
         Index("uq_bidding_episodes_attempt", "task_id", "attempt", "node", unique=True),
     )
+
+
+class Tag(Base):
+    """One tag of a task (AITP ``metadata.tags``): a row per tag, so that tasks are found by
+    tag with an index on every database."""
+
+    __tablename__ = "bidding_tags"
+
+    task_id: Mapped[str] = mapped_column(
+        String(64), ForeignKey("bidding_announcements.task_id", ondelete="CASCADE"),
+        primary_key=True)
+    tag: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
 
 
 class Message(Base):
@@ -310,3 +346,16 @@ class Job(Base):
     last_result: Mapped[dict[str, Any] | None] = mapped_column(JSONType, nullable=True)
     #: How many times it ran.
     runs: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+
+
+class MetricTotal(Base):
+    """A counter's part that retention pruned from the message log (``lifecycle.tallies``):
+    the counter is this plus what the log still holds."""
+
+    __tablename__ = "bidding_metric_totals"
+
+    #: The sample's name, e.g. ``bidding_awards_total``.
+    sample: Mapped[str] = mapped_column(String(96), primary_key=True)
+    #: Its labels as sorted ``name=value`` pairs joined by commas (``node=north``).
+    labels: Mapped[str] = mapped_column(String(255), primary_key=True)
+    value: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -38,6 +38,12 @@ def break_tie(tied: Sequence[Bid], rng: random.Random) -> Bid:
     return rng.choice([b for b in tied if busy[b.node] <= least + TIE_EPSILON])
 
 
+def best_of(bids: Sequence[Bid], totals: Mapping[str, float], rng: random.Random) -> Bid:
+    """The bid whose node's total is highest; among equal totals, ``break_tie``'s."""
+    best = max(totals[b.node] for b in bids)
+    return break_tie([b for b in bids if best - totals[b.node] <= TIE_EPSILON], rng)
+
+
 @dataclass
 class _Scored:
     """Shared ranking for the built-ins: highest score wins; see ``break_tie`` for ties."""
@@ -72,10 +78,7 @@ class _Scored:
         if not bids:
             return None
         scores = self.score_all(bids, announcement, capabilities)
-        scored = [(s.total, b) for s, b in zip(scores, bids, strict=True)]
-        best = max(total for total, _ in scored)
-        tied = [b for total, b in scored if best - total <= TIE_EPSILON]
-        return break_tie(tied, self.rng)
+        return best_of(bids, {s.node: s.total for s in scores}, self.rng)
 
 
 @dataclass

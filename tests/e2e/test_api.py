@@ -81,7 +81,8 @@ def api_url(services: Services, federation: Federation, tmp_path: Path) -> Itera
         stop_process(process)
 
 
-def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(api_url: str) -> None:
+def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(
+        api_url: str, tmp_path: Path) -> None:
     paper: dict[str, Any] = yaml.safe_load(
         (REPO_ROOT / "examples" / "graphs" / "research_paper.yaml").read_text())
     with httpx.Client(base_url=api_url, timeout=10) as http:
@@ -134,6 +135,28 @@ def test_a_posted_definition_runs_on_the_nodes_and_its_result_is_read(api_url: s
         assert stats["succeeded"] == 3
         won = {n["name"]: n["tasks_won"] for n in http.get("/aitp/nodes").json()}
         assert won == {"bluefin": 1, "redfin": 1, "tpm": 1}
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200 and "bidding_awards_total" in metrics.text
+
+        # and the definition's tags find its three subtasks, each naming the task
+        tagged = http.get("/aitp/tasks", params={"tag": "nlp"})
+        assert tagged.status_code == 200, tagged.text
+        assert sorted(t["graph_id"] for t in tagged.json()) == [task_id] * 3
+        assert all(t["tags"] == ["analysis", "nlp", "research"] for t in tagged.json())
+        assert http.get("/aitp/tasks", params={"tag": "not-a-tag"}).json() == []
+        # and the task shows its ledger: each subtask's entry, with the budget left after it
+        ledger = final["ledger"]
+        assert [e["step_id"] for e in ledger] == ["subtask_1", "subtask_2", "subtask_3"]
+        assert ledger[-1]["remaining_budget"] == pytest.approx(10.0 - body["cost"])
+        assert final["actual_cost"] == pytest.approx(body["cost"])
+        assert final["estimated_cost"] == pytest.approx(body["cost"])  # the built-in bids'
+        # and each node's record compares the confidence it claimed with its one success
+        calibration = {n["name"]: n["calibration"] for n in http.get("/aitp/nodes").json()}
+        assert all(calibration[n]["confidence_attempts"] == 1
+                   and calibration[n]["success_rate"] == 1.0 for n in NODES), calibration
+
+    # and a real Prometheus scraping the API answers the awards per node
+    _prometheus_scrapes(api_url, tmp_path, {"bluefin": 1.0, "redfin": 1.0, "tpm": 1.0})
 
 
 def test_an_api_on_every_interface_without_a_token_starts_only_when_allowed_open(
@@ -193,5 +216,54 @@ def test_an_api_on_every_interface_without_a_token_starts_only_when_allowed_open
             assert asked.status_code == 404, asked.text
             # and nothing was stored
             assert http.get("/aitp/stats").json()["announced"] == 0
+    finally:
+        stop_process(process)
+
+
+def _prometheus_scrapes(api_url: str, tmp_path: Path, winners: dict[str, float]) -> None:
+    """A real Prometheus scrapes the API every second; a PromQL query over its HTTP API then
+    gives ``winners``, the awards per node. (A step of the test above, on its federation and
+    API: starting them again for this alone cost 20 s of every run.) Without Prometheus, the
+    test stops here, skipped with the reason, except under CI=true, where it fails."""
+    import shutil
+
+    from tests.conftest import require
+
+    prometheus = shutil.which("prometheus")
+    require("Prometheus", prometheus is not None,
+            "no prometheus on PATH (Debian's package: apt-get install prometheus)")
+    assert prometheus is not None
+    port = free_port()
+    target = api_url.removeprefix("http://")
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
+        "scrape_configs:\n  - job_name: bidding\n    metrics_path: /metrics\n"
+        f"    static_configs:\n      - targets: ['{target}']\n")
+    log = tmp_path / "logs" / "prometheus.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as handle:
+        process = subprocess.Popen(
+            [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        query = f"http://127.0.0.1:{port}/api/v1/query"
+
+        def awards() -> dict[str, float]:
+            if process.poll() is not None:
+                pytest.fail(f"prometheus exited with {process.returncode}:\n{log.read_text()}")
+            with contextlib.suppress(httpx.HTTPError):
+                answer = httpx.get(query, params={
+                    "query": "sum by (node) (bidding_awards_total)"}, timeout=2).json()
+                return {r["metric"]["node"]: float(r["value"][1])
+                        for r in answer["data"]["result"] if float(r["value"][1])}
+            return {}
+
+        found = wait_until(awards, timeout=60)
+        assert found == winners, log.read_text()
+        # and it sees the API as a healthy target
+        health = httpx.get(f"http://127.0.0.1:{port}/api/v1/targets", timeout=5).json()
+        assert [t["health"] for t in health["data"]["activeTargets"]] == ["up"]
     finally:
         stop_process(process)

@@ -512,11 +512,12 @@ def test_demo_help_lists_its_options() -> None:
 
     # Then each option is listed with what it does and its default
     assert result.returncode == 0, shown(result)
-    options = result.stdout.split("Options:", 1)[1]
-    for option, text in [("--tasks INTEGER", "Tasks in the stream.  [default: 40]"),
-                         ("--concurrency INTEGER", "Worker processes per node.  [default: 2]")]:
-        line = next((ln for ln in options.splitlines() if ln.strip().startswith(option)), "")
-        assert text in line, shown(result)
+    # (each option's text as one line: click wraps it to the terminal's width)
+    options = " ".join(result.stdout.split("Options:", 1)[1].split())
+    for option, text in [("--tasks INTEGER", "Tasks in the stream. [default: 40]"),
+                         ("--concurrency INTEGER", "Worker processes per node; 0: each "
+                          "node's capacity, as its profile says. [default: 0]")]:
+        assert f"{option} {text}" in options, shown(result)
 
 
 def _summary_nodes(stdout: str) -> set[str]:
@@ -606,19 +607,23 @@ def test_demo_runs_the_federation_and_shows_auctions_and_summary(
 
 
 def _summary_counts(stdout: str) -> tuple[dict[str, int], list[dict[str, int]]]:
-    """The demo summary's task totals and its node rows, by column name."""
+    """The demo summary's task totals and its node rows, by column name; ``no_award`` is the
+    failed tasks whose auction had no award, ``reasons`` the sum of its counts by reason."""
     after = stdout.split("\nsummary\n", 1)[1].split("\n\n", 1)[0]
     totals = re.search(r"tasks: (\d+) announced, (\d+) succeeded, (\d+) failed"
-                       r"(?: \((\d+) found no node\))?, (\d+) unfinished", after)
+                       r"(?: \((\d+) on their node, (\d+) without an award: ([^)]*)\))?, "
+                       r"(\d+) unfinished", after)
     assert totals is not None, after
-    announced, succeeded, failed, no_node, unfinished = totals.groups()
+    announced, succeeded, failed, on_node, no_node, reasons, unfinished = totals.groups()
     lines = after.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("node "))
     columns = lines[header].replace("avg score", "avg_score").split()
     rows = [dict(zip(columns[1:-1], map(int, line.split()[1:-1]), strict=True))
             for line in lines[header + 1:] if line.split()[0] in NODES]
     return ({"announced": int(announced), "succeeded": int(succeeded), "failed": int(failed),
-             "no_node": int(no_node or 0), "unfinished": int(unfinished)}, rows)
+             "on_node": int(on_node or 0), "no_award": int(no_node or 0),
+             "reasons": sum(int(n) for n in re.findall(r"(\d+) No \w", reasons or "")),
+             "unfinished": int(unfinished)}, rows)
 
 
 @pytest.mark.timeout(300)
@@ -652,7 +657,17 @@ def test_demo_shows_failed_attempts_and_retries_and_counts_that_add_up(
         assert row["wins"] == row["ok"] + row["failed"] + row["retried"] + row["unfinished"], (
             shown(demo))
     assert sum(r["ok"] for r in rows) == totals["succeeded"], shown(demo)
-    assert sum(r["failed"] for r in rows) + totals["no_node"] == totals["failed"], shown(demo)
+    assert sum(r["failed"] for r in rows) == totals["on_node"], shown(demo)
+    assert totals["on_node"] + totals["no_award"] == totals["failed"], shown(demo)
+    # and an auction without an award is counted by its reason: the task nobody was confident
+    # enough for is not one that found no node
+    assert totals["reasons"] == totals["no_award"] == 2, shown(demo)
+    assert re.search(r"without an award: 1 No bidders registered, 1 No bids met minimum "
+                     r"confidence\)", out), shown(demo)
+    # and the tasks announced are those asked for (--tasks 8) and the 4 added, as it said
+    assert re.search(r"^all nodes live; submitting 12 tasks: 8 of the mix \(--tasks\) and 4 "
+                     r"that show what can go wrong", out, flags=re.MULTILINE), shown(demo)
+    assert totals["announced"] == 12, shown(demo)
     assert sum(r["retried"] for r in rows) >= 1, shown(demo)
     assert "per node: wins (attempts awarded) = ok + failed" in out, shown(demo)
     # and the node logs are this run's only
@@ -660,13 +675,96 @@ def test_demo_shows_failed_attempts_and_retries_and_counts_that_add_up(
     assert STALE_LOG not in log, log
 
 
+def _auctions_by_bids() -> dict[tuple[str, int], int]:
+    """Each auction of the demo's store (a task's attempt, closed with or without an award) and
+    its bids: answers that offered to do the task in time."""
+    with sqlite3.connect(REPO_ROOT / ".demo" / "bidding.db") as db:
+        closed = db.execute("SELECT DISTINCT task_id, attempt FROM bidding_messages "
+                            "WHERE kind IN ('AWARDED', 'NO_AWARD')").fetchall()
+        bids = dict(((t, a), n) for t, a, n in db.execute(
+            "SELECT task_id, attempt, COUNT(*) FROM bidding_bids "
+            "WHERE will_bid AND NOT late GROUP BY task_id, attempt"))
+    return {(t, a): bids.get((t, a), 0) for t, a in closed}
+
+
+@pytest.mark.timeout(300)
+def test_demo_auctions_are_mostly_contested_and_say_why_the_winner_won(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    # Given the demo's federation, whose nodes' skills overlap
+    assert demo.returncode == 0, shown(demo)
+    # When its auctions are counted from the store
+    auctions = _auctions_by_bids()
+    contested = sum(1 for n in auctions.values() if n >= 2)
+    # Then at least half had two or more bids, and the summary's line says as much
+    assert len(auctions) == 13 and 2 * contested >= len(auctions), (auctions, shown(demo))
+    assert (f"auctions: {len(auctions)} for 12 tasks (each retry is an auction of its own): "
+            f"{contested} with two or more bids") in demo.stdout, shown(demo)
+    # and a contested award says by how much its winner led, and in what
+    assert re.search(r"^ {18}why: \w+ won with 0\.\d{3}, 0\.\d{3} ahead of \w+ \(0\.\d{3}\); "
+                     r"the difference: ", demo.stdout, flags=re.MULTILINE), shown(demo)
+    # and every award line is labelled with its task's function, never its task type
+    labels = set(re.findall(r"^  (\w+)(?: #\d)? +(?:weighted|routing|composite) +bids ",
+                            demo.stdout, flags=re.MULTILINE))
+    assert labels and labels <= {"extract_text", "analyze_text", "aggregate", "monitor_check",
+                                 "edge_build", "summarize", "classify_image", "gpu_inference",
+                                 "database_query", "plan"}, shown(demo)
+
+
+def _printed_commands(stdout: str) -> dict[str, str]:
+    """The commands under the demo's "to look further" line, by what each is for."""
+    after = stdout.split("\nto look further (in a new terminal, from this folder):\n", 1)
+    assert len(after) == 2, stdout
+    return {what.strip(): command for what, command in
+            re.findall(r"^  ([^:]+): +(\S.*)$", after[1], flags=re.MULTILINE)}
+
+
+@pytest.mark.timeout(300)
+def test_demo_prints_commands_that_run_as_written(
+    demo: subprocess.CompletedProcess[str],
+) -> None:
+    # Given the commands the demo printed at its end
+    assert demo.returncode == 0, shown(demo)
+    commands = _printed_commands(demo.stdout)
+    assert set(commands) == {"why a contested task went where it went",
+                             "a retried task, and the node its retry left out"}, shown(demo)
+    results = {}
+    for what, command in commands.items():
+        # When each is typed as written in a new terminal in the repository (no configuration;
+        # the demo's broker has stopped, and explain reads the store only)
+        results[what] = subprocess.run(["bash", "-c", command], cwd=REPO_ROOT, env=clean_env(),
+                                       capture_output=True, text=True, timeout=60)
+        assert results[what].returncode == 0, (command, shown(results[what]))
+    # Then the contested task's report says whom its winner beat, and by how much
+    contested = results["why a contested task went where it went"].stdout
+    assert re.search(r"^  why: \w+ won with [\d.]+, [\d.]+ ahead of \w+", contested,
+                     flags=re.MULTILINE), contested
+    # and the retried task's says which node its retry left out, and why
+    retried = results["a retried task, and the node its retry left out"].stdout
+    assert re.search(r"^      left out (\w+): it failed attempt #1: ConnectionError: download "
+                     r"of https://example\.org/flaky-mirror\.pdf timed out$", retried,
+                     flags=re.MULTILINE), retried
+    assert re.search(r"^  why: \w+ was not asked: it failed attempt #1", retried,
+                     flags=re.MULTILINE), retried
+    # and the dashboard's auction feed gives the retry's auction the same why lines
+    from bidding.observe.auctions import recent_auctions
+
+    retried_id = commands["a retried task, and the node its retry left out"].split()[2]
+    feed = recent_auctions("sqlite:///.demo/bidding.db", limit=200)
+    (retry,) = [a for a in feed.auctions if a.task_id == retried_id and a.attempt == 2]
+    shown_why = [line.removeprefix("  why: ") for line in retried.splitlines()
+                 if line.startswith("  why: ")]
+    assert retry.why == shown_why, (retry.why, retried)
+
+
 @pytest.mark.timeout(300)
 def test_demo_task_can_be_explained(demo: subprocess.CompletedProcess[str]) -> None:
-    # Given the task id the demo suggests explaining on its last "explain any task:" line
+    # Given the task ids the demo suggests explaining at its end
     assert demo.returncode == 0, shown(demo)
-    ids = re.findall(r"^explain any task:\s+bidding explain (\S+) -A bidding\.demo\.app$",
-                     demo.stdout, flags=re.MULTILINE)
-    assert ids, shown(demo)
+    ids = [re.findall(r" explain (\S+) -A bidding\.demo\.app$", command)
+           for command in _printed_commands(demo.stdout).values()]
+    assert ids and all(ids), shown(demo)
+    ids = [found[0] for found in ids]
 
     # When the user explains it (explain reads the store only; the broker is unreachable)
     result = run_cli(
@@ -695,3 +793,62 @@ def test_demo_stops_its_embedded_redis(demo: subprocess.CompletedProcess[str]) -
     # When something connects to the port its embedded Redis listened on
     # Then nothing answers: the server was stopped with the demo
     assert not _redis_answers(port), f"redis-server on port {port} outlived the demo"
+
+
+def _worker_slots(tmp_path: Path, capacity: int, *extra: str) -> tuple[int | None, str]:
+    """Start ``bidding worker`` for a node of ``capacity`` (``extra`` arguments), wait for its
+    worker row in the store, stop it; its slots (tasks it runs at once) and its log."""
+    from tests.conftest import REDIS_DB, REDIS_URL, kill_tree
+
+    profile = tmp_path / "solo.toml"
+    profile.write_text(f'name = "solo"\ncapabilities = ["shared"]\ncapacity = {capacity}\n')
+    store = tmp_path / "store.db"
+    log = tmp_path / "worker.log"
+    broker = f"{REDIS_URL}/{REDIS_DB}"
+    env = clean_env(BIDDING_DATABASE_URL=f"sqlite:///{store}", BIDDING_IT_BROKER=broker,
+                    PYTHONPATH=str(REPO_ROOT))
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bidding.cli", "worker", str(profile),
+             "-A", "tests.integration.app", *extra],
+            cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True)
+    slots = None
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and slots is None:
+            time.sleep(0.5)
+            if store.exists():
+                with sqlite3.connect(store) as db:
+                    try:
+                        row = db.execute("SELECT slots FROM bidding_workers").fetchone()
+                    except sqlite3.OperationalError:  # not migrated yet
+                        row = None
+                slots = row[0] if row else None
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+    return slots, log.read_text()
+
+
+def test_a_worker_runs_as_many_tasks_at_once_as_its_nodes_capacity(tmp_path: Path) -> None:
+    # given a node profile of capacity 3, when its worker starts without --concurrency
+    slots, log = _worker_slots(tmp_path, 3)
+    # then it runs three tasks at once (whatever the machine's cores), and says nothing more
+    assert slots == 3, log
+    assert "capacity is" not in log
+
+
+def test_a_worker_told_another_concurrency_warns_that_it_differs_from_the_capacity(
+    tmp_path: Path,
+) -> None:
+    # given a node profile of capacity 2, when its worker starts with --concurrency 1
+    slots, log = _worker_slots(tmp_path, 2, "--concurrency", "1")
+    # then it runs one task at once, and its log says the two differ and what follows
+    assert slots == 1, log
+    assert ("node solo: its profile's capacity is 2 but this worker runs 1 task(s) at once "
+            "(--concurrency)") in log
+    assert "wait in its queue" in log

@@ -200,6 +200,9 @@ def test_the_dashboard_shows_each_auction_its_bids_and_the_nodes(
     for name in NODES:
         # node and skills, now, load, trust, won, success
         assert nodes[name][1] == "\u25cf live" and nodes[name][4] == str(won[name]), nodes[name]
+    # and what redfin declares of its GPU, free of declared, with the model it holds warm
+    assert "gpu_mem_gb" in nodes["redfin"][0] and "/24" in nodes["redfin"][0], nodes["redfin"]
+    assert "warm: model:embedder" in nodes["redfin"][0], nodes["redfin"]
     # and the chart of assignments per node, one bar segment per node and time
     assert '<figure class="chart">' in dom and "<rect" in dom, dom
     # and the screenshot was taken
@@ -248,6 +251,98 @@ def test_without_the_token_the_page_asks_for_it(
     assert '<form id="token-form" class="token">' in dom, dom  # not hidden
     assert "needs a read token" in dom, dom
     assert 'class="auction"' not in dom
+
+
+def shown_auctions(dom: str) -> list[tuple[str, int]]:
+    """The auctions a home view shows, in order: (task id, attempt)."""
+    return [(attrs["data-task"], int(attrs["data-attempt"]))
+            for attrs, _ in elements(dom, "article", "data-task")]
+
+
+def link(dom: str, element_id: str) -> str | None:
+    """The fragment (``#...``) of the link with ``element_id``, None when there is none."""
+    found = re.search(rf'<a id="{element_id}" href="([^"]*)"', dom)
+    return html.unescape(found.group(1)) if found else None
+
+
+def keys(auctions: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    return [(a["task_id"], a["attempt"]) for a in auctions]
+
+
+def test_older_pages_back_through_every_auction_in_the_store(
+        demo: KeptDemo, chromium: str, tmp_path: Path) -> None:
+    # given every auction of the store, newest first, as the API pages them (the demo's
+    # retried task has two)
+    everything = demo.api("/aitp/auctions?limit=200")
+    assert everything["older"] is None and len(everything["auctions"]) >= 9, demo.output()
+    # when the dashboard is opened five auctions a page, and "older" followed to the end
+    pages: list[list[tuple[str, int]]] = []
+    fragment: str | None = "#limit=5"
+    while fragment is not None and len(pages) < 10:
+        dom = browse(chromium, f"{demo.dashboard}{fragment}&token={READ_TOKEN}",
+                     tmp_path / f"profile-{len(pages)}", "--dump-dom")
+        pages.append(shown_auctions(dom))
+        # (each page after the first links back to the newest)
+        assert (link(dom, "newest") is not None) == (len(pages) > 1), dom
+        fragment = link(dom, "older")
+    # then the pages hold every auction once, in the API's order, five a page
+    assert len(pages) >= 2 and [k for page in pages for k in page] == keys(
+        everything["auctions"])
+    assert all(len(page) == 5 for page in pages[:-1]), pages
+    # and the last page says there is nothing older
+    assert 'id="no-older"' in dom and "no older auction matches" in dom
+
+
+def test_the_filters_show_what_the_api_answers_for_them(
+        demo: KeptDemo, chromium: str, tmp_path: Path) -> None:
+    # given a node that answered some auctions, and the contested ones among those
+    auctions = demo.api("/aitp/auctions?limit=200")["auctions"]
+    contested = [a for a in auctions
+                 if sum(b["will_bid"] and not b["late"] for b in a["bids"]) >= 2]
+    assert contested, demo.output()
+    node = contested[-1]["winner"]
+    expected = demo.api(f"/aitp/auctions?limit=200&node={node}&contested=true")["auctions"]
+    assert expected and all(
+        node == a["winner"] or node in {b["node"] for b in a["bids"]} for a in expected)
+    # when the dashboard is opened with those filters in its address
+    dom = browse(chromium, f"{demo.dashboard}#node={node}&contested=true&token={READ_TOKEN}",
+                 tmp_path / "profile", "--dump-dom")
+    # then it shows exactly those auctions, and says which filters are in force
+    assert shown_auctions(dom) == keys(expected), dom
+    (said,) = [text_of(inner) for attrs, inner in elements(dom, "p", "id")
+               if attrs["id"] == "active-filters"]
+    assert said.startswith(f"Only: node {node} \u00b7 contested only"), said
+    # when the filters cannot be used (a time range that ends before it starts)
+    dom = browse(chromium, f"{demo.dashboard}#since=200&until=100&token={READ_TOKEN}",
+                 tmp_path / "profile-bad", "--dump-dom")
+    # then the page says which parameter is wrong, and shows no auction
+    (problem,) = [text_of(inner) for attrs, inner in elements(dom, "p", "id")
+                  if attrs["id"] == "filter-error"]
+    assert problem.startswith("These filters cannot be used: until: "), problem
+    assert shown_auctions(dom) == []
+
+
+def test_the_task_page_shows_each_attempts_auction(
+        demo: KeptDemo, chromium: str, tmp_path: Path) -> None:
+    # given the demo's retried task (its first attempt fails): two auctions
+    auctions = demo.api("/aitp/auctions?limit=200")["auctions"]
+    retried = next(a for a in auctions if a["attempt"] == 2)
+    first = next(a for a in auctions if (a["task_id"], a["attempt"]) == (retried["task_id"], 1))
+    # when its task page is opened
+    dom = browse(chromium, f"{demo.dashboard}#task={retried['task_id']}&token={READ_TOKEN}",
+                 tmp_path / "profile", "--dump-dom")
+    # then each attempt has a section, the latest first, with its winner and every bid
+    sections = {int(attrs["data-attempt"]): inner for attrs, inner in
+                elements(dom, "article", "data-attempt")}
+    assert sorted(sections) == [1, 2], dom
+    for auction in (first, retried):
+        text = text_of(sections[auction["attempt"]])
+        assert f"Winner: {auction['winner']} with score {auction['winning_score']:.3f}" in text
+        rows = {attrs["data-node"] for attrs, _ in
+                elements(sections[auction["attempt"]], "tr", "data-node")}
+        assert rows == {b["node"] for b in auction["bids"]}, text
+    # and the task's state is named as everywhere on the page (the feed's state)
+    assert f'class="state s-{retried["state"]}" data-state="{retried["state"]}"' in dom
 
 
 def test_ctrl_c_stops_the_kept_demo_and_everything_it_started(demo: KeptDemo) -> None:

@@ -469,3 +469,129 @@ def test_the_build_context_leaves_out_the_venv_git_caches_and_bench() -> None:
     for path in ("pyproject.toml", "README.md", "bidding/cli/__init__.py", "celeryconfig.py",
                  "workers/redfin.toml"):
         assert not ignored(path, patterns), f"{path} is left out of the Docker build"
+
+
+# --- Monitoring (docker compose --profile monitoring) --------------------------------------
+
+PROMETHEUS_DIR = REPO_ROOT / "docker" / "prometheus"
+GRAFANA_DIR = REPO_ROOT / "docker" / "grafana"
+
+
+def _promtool() -> str:
+    found = shutil.which("promtool")
+    require("promtool", found is not None,
+            "no promtool on PATH (Debian's prometheus package: apt-get install prometheus)")
+    assert found is not None
+    return found
+
+
+def _metric_names() -> set[str]:
+    """Every sample name ``GET /metrics`` serves (read from an empty store)."""
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from bidding.config import Settings
+    from bidding.observe.metrics import registry
+    from bidding.store import upgrade
+
+    store = REPO_ROOT / ".pytest_cache" / "metric-names.db"
+    store.parent.mkdir(exist_ok=True)
+    store.unlink(missing_ok=True)
+    url = f"sqlite:///{store}"
+    upgrade(url)
+    text = generate_latest(registry(Settings(database_url=url, award_journal=False))).decode()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                "gauge": ("",)}
+    names = {f.name + suffix for f in text_string_to_metric_families(text)
+             for suffix in suffixes[f.type]}
+    # (the journal's backlog is served when the journal is on)
+    return names | {"bidding_journal_backlog"}
+
+
+def test_the_monitoring_profile_runs_prometheus_and_grafana_on_the_loopback(
+    compose: list[str],
+) -> None:
+    # Given the compose file read with the monitoring profile
+    result = run_compose(compose, "--profile", "monitoring", "config", "--format", "json")
+    assert result.returncode == 0, shown(result)
+    services = json.loads(result.stdout)["services"]
+    # Then Prometheus mounts docker/prometheus and Grafana its provisioning and dashboards,
+    # each published on the host's loopback only
+    prometheus, grafana = services["prometheus"], services["grafana"]
+    assert {v["source"] for v in prometheus["volumes"] if v["type"] == "bind"} == {
+        str(PROMETHEUS_DIR)}
+    assert {v["source"] for v in grafana["volumes"]} == {
+        str(GRAFANA_DIR / "provisioning"), str(GRAFANA_DIR / "dashboards")}
+    for service, port in ((prometheus, 9090), (grafana, 3000)):
+        assert [(p["host_ip"], int(p["published"]), p["target"]) for p in service["ports"]] == [
+            ("127.0.0.1", port, port)]
+    # and without the profile neither runs
+    plain = json.loads(run_compose(compose, "config", "--format", "json").stdout)["services"]
+    assert "prometheus" not in plain and "grafana" not in plain
+
+
+def test_prometheus_config_and_alert_rules_pass_promtool() -> None:
+    promtool = _promtool()
+    for args in (["check", "config", str(PROMETHEUS_DIR / "prometheus.yml")],
+                 ["check", "rules", str(PROMETHEUS_DIR / "alerts.yml")]):
+        result = subprocess.run([promtool, *args], capture_output=True, text=True, timeout=60,
+                                check=False)
+        assert result.returncode == 0, shown(result)
+    # and it scrapes the API service's /metrics
+    text = (PROMETHEUS_DIR / "prometheus.yml").read_text()
+    assert "metrics_path: /metrics" in text and "api:8000" in text
+
+
+def test_the_dashboard_and_the_alerts_name_only_metrics_that_exist() -> None:
+    import yaml
+
+    served = _metric_names()
+    dashboard = json.loads((GRAFANA_DIR / "dashboards" / "bidding.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((PROMETHEUS_DIR / "alerts.yml").read_text())
+    queries += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    named = {m for q in queries for m in re.findall(r"\bbidding_[a-z_]+\b", q)}
+    assert named, queries
+    assert named <= served, named - served
+    # and the dashboard shows what an operator watches first
+    titles = " / ".join(p["title"] for p in dashboard["panels"]).lower()
+    for what in ("auctions per second", "assignment latency", "awards per second, by node",
+                 "in flight", "oldest", "failures"):
+        assert what in titles, titles
+    # and its data source is the one provisioned
+    source = yaml.safe_load(
+        (GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    assert {p["datasource"]["uid"] for p in dashboard["panels"]} == {
+        source["datasources"][0]["uid"]}
+
+
+def test_the_pooler_env_file_puts_pgbouncer_between_the_federation_and_postgresql(
+    compose: list[str], config: dict[str, Any],
+) -> None:
+    # Given the compose file read with docker/pooler.env, as the deployment guide runs it
+    result = run_compose(compose, "--env-file", str(REPO_ROOT / "docker" / "pooler.env"),
+                         "config", "--format", "json")
+    assert result.returncode == 0, shown(result)
+    pooled = json.loads(result.stdout)
+    migrate = migrate_name(pooled)
+    # Then PgBouncer runs, in transaction mode, after PostgreSQL answers, and restarts
+    bouncer = pooled["services"]["pgbouncer"]
+    assert bouncer["environment"]["POOL_MODE"] == "transaction"
+    assert bouncer["environment"]["DB_HOST"] == "postgres"
+    assert bouncer["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert bouncer["restart"] == "unless-stopped"
+    # ... every long-running process of the package reaches the store through it, with the
+    # pooler setting on, and the migration still goes to PostgreSQL itself
+    for name, service in package_services(pooled).items():
+        env = service["environment"]
+        if name == migrate:
+            assert "@postgres:5432/" in env["BIDDING_DATABASE_URL"], name
+            assert env["BIDDING_DB_TRANSACTION_POOLER"] == "false"
+        else:
+            assert "@pgbouncer:6432/" in env["BIDDING_DATABASE_URL"], name
+            assert env["BIDDING_DB_TRANSACTION_POOLER"] == "true", name
+    # ... and without the env file nothing changes: no PgBouncer, PostgreSQL directly
+    assert "pgbouncer" not in config["services"]
+    for name, service in package_services(config).items():
+        assert "@postgres:5432/" in service["environment"]["BIDDING_DATABASE_URL"], name
+        assert service["environment"]["BIDDING_DB_TRANSACTION_POOLER"] == "false", name

@@ -385,7 +385,7 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
     folder: Path,
 ) -> None:
     import bidding
-    from bidding.demo.tasks import gpu_inference, monitor_check
+    from bidding.demo.tasks import gpu_inference, plan
 
     settings = load_settings({"bidding_database_url": flower_services.database}, environ={})
     shown_before = set(flower.get("/api/tasks") or {})
@@ -406,7 +406,7 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
             log = StateLog(flower, first.id)
             # then Flower shows it ANNOUNCED while the auction is open, from the auctioneer
             announced = log.until("ANNOUNCED", timeout=10)
-            assert announced["name"] == name and announced["worker"].startswith("bidding@")
+            assert announced["name"] == name and announced["worker"].startswith("auctioneer@")
             # then AWARDED once the window closed, headed for redfin's execution queue
             awarded = log.until("AWARDED", timeout=15)
             assert awarded["routing_key"] == "exec.redfin", awarded
@@ -447,7 +447,8 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
 
     # -- deferred, then escalated --------------------------------------------------------
     # when a task no live node can do is deferred (once, for a second) and then escalated
-    waiting = monitor_check.apply_async(("db-1",), bidding={"fallbacks": {
+    # (planning: only tpm has that skill, and it is not running here)
+    waiting = plan.apply_async(("db-1",), bidding={"fallbacks": {
         "on_capability_unavailable": "defer", "defer_seconds": 1.0, "max_deferrals": 1}})
     log = StateLog(flower, waiting.id)
     # then Flower shows DEFERRED while it waits, and FAILURE with the reason at the end
@@ -461,7 +462,7 @@ def test_flower_shows_an_auctions_phases_as_the_tasks_states(
     for event in ("task-announced", "task-awarded", "task-reawarded", "task-executing"):
         assert metric(flower, event, name) >= 1, event
     for event in ("task-deferred", "task-escalated", "task-failed"):
-        assert metric(flower, event, "bidding.demo.tasks.monitor_check") >= 1, event
+        assert metric(flower, event, "bidding.demo.tasks.plan") >= 1, event
     # and its task list holds the tasks submitted, nothing else: no bid request, no heartbeat
     listed = set(flower.get("/api/tasks") or {}) - shown_before
     assert listed == {first.id, moved.id, waiting.id}, listed

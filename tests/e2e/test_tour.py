@@ -137,15 +137,16 @@ def shown(result: subprocess.CompletedProcess[str], tour: Tour | None = None) ->
     return f"{text}\n{tour.logs()}" if tour else text
 
 
-def _stop_leftover_redis() -> None:
-    # `bidding redis` stops its server on SIGTERM; if it was killed instead, its daemonized
-    # redis-server would outlive the test.
-    if port_is_free(BROKER_PORT):
+def stop_leftover_redis(port: int = BROKER_PORT) -> None:
+    """Shut down a redis-server left on ``port``: ``bidding redis`` stops its server on
+    SIGTERM or Ctrl-C; if it was killed instead, its daemonized redis-server would outlive the
+    test and keep the port (the quick start's test uses it too)."""
+    if port_is_free(port):
         return
     import redis
 
     with contextlib.suppress(redis.RedisError):
-        redis.Redis(host="127.0.0.1", port=BROKER_PORT, socket_timeout=5).shutdown(nosave=True)
+        redis.Redis(host="127.0.0.1", port=port, socket_timeout=5).shutdown(nosave=True)
 
 
 @pytest.fixture(scope="module")
@@ -167,12 +168,15 @@ def tour(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tour]:
         yield running
     finally:
         running.stop()
-        _stop_leftover_redis()
+        stop_leftover_redis()
 
 
 def _live_nodes(tour: Tour) -> subprocess.CompletedProcess[str] | None:
     listed = tour.run(LIST_NODES[0])
-    names = {line.split()[0] for line in listed.stdout.splitlines()[1:] if line.strip()}
+    # The node table: the lines after its header, up to the first blank one (the table of
+    # their claims against outcomes follows, once they have run tasks).
+    table = listed.stdout.split("\n\n", 1)[0]
+    names = {line.split()[0] for line in table.splitlines()[1:] if line.strip()}
     return listed if listed.returncode == 0 and names == {"lens", "quill"} else None
 
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import time
 from typing import Any
 
 import redis
 from celery import Celery
+from pydantic import BaseModel
 
 import bidding
 from bidding.config import celery_conf
@@ -41,6 +43,10 @@ class PreferredOnly:
 
 bidding.register_strategy("preferred_only", PreferredOnly)
 
+# The documented cost-aware strategy, exactly as docs/guides/bidding.md shows it: importing it
+# registers "cost_aware" here and in every worker (tests/integration/test_figures.py).
+import examples.strategies.cost_aware  # noqa: E402, F401
+
 _counters: redis.Redis | None = None
 
 
@@ -71,6 +77,47 @@ def shared(self: Any, value: Any, seconds: float = 0.0) -> dict[str, Any]:
 def gpu(self: Any, value: Any) -> dict[str, Any]:
     """Work only the gpu node can do."""
     return _run(self, value, 0.0)
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True,
+          task_type="approach_work", required_skills=["gpu"])
+def approach(self: Any, value: Any) -> dict[str, Any]:
+    """Returns the award it runs under (only the gpu node can do it)."""
+    award = bidding.current_award()
+    assert award is not None, "a bidding task's body runs under an award"
+    return {"proposal": award.proposal, "node": award.node, "score": award.score,
+            "attempt": award.attempt, "budget_left": award.budget_left,
+            "task_id": award.task_id, "worker": str(self.request.hostname).split("@")[0]}
+
+
+class Order(BaseModel):
+    """A pydantic model argument (Celery's ``pydantic=True``)."""
+
+    item: str
+    quantity: int
+
+
+class Receipt(BaseModel):
+    """A pydantic model result (Celery's ``pydantic=True`` returns its JSON dict)."""
+
+    item: str
+    total: int
+    node: str
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, pydantic=True,
+          capability="it_order", required_skills=["shared"])
+def order(self: Any, order: Order, price: int = 2) -> Receipt:
+    """Takes a model, returns a model: validated and dumped by Celery's pydantic wrapper."""
+    assert isinstance(order, Order), type(order)
+    return Receipt(item=order.item, total=order.quantity * price,
+                   node=str(self.request.hostname).split("@")[0])
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="untagged_work")
+def untagged(self: Any, text: str) -> dict[str, Any]:
+    """Names no skills: any node bids, unless the coordinator's rules infer some."""
+    return _run(self, text, 0.0)
 
 
 @app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="phantom_work",
@@ -296,3 +343,45 @@ def census(self: Any) -> dict[str, int]:
 
     held = sum(isinstance(o, ExceptionInfo) for o in gc.get_objects())
     return {"pid": os.getpid(), "exception_infos": held}
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="queued",
+          required_skills=["shared"])
+def queued(self: Any, label: str, key: str, seconds: float = 0.0) -> str:
+    """Records that it started (its label, in order, under ``started:<key>``), then sleeps."""
+    counters().rpush(f"started:{key}", label)
+    if seconds:
+        time.sleep(seconds)
+    return label
+
+
+def _span(task: Any, key: str, seconds: float) -> dict[str, Any]:
+    """Sleep ``seconds``, recording when this attempt ran and where (``spans:<key>``)."""
+    node = str(task.request.hostname).split("@")[0]
+    began = time.time()
+    time.sleep(seconds)
+    counters().rpush(f"spans:{key}", json.dumps([node, began, time.time()]))
+    return {"node": node}
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="infer_work",
+          required_skills=["infer"])
+def infer(self: Any, key: str, seconds: float) -> dict[str, Any]:
+    """GPU work whose memory each call names (``bidding={"resources": ...}``)."""
+    return _span(self, key, seconds)
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="big_model_work",
+          required_skills=["infer"], resources={"gpu_mem_gb": 30})
+def load_big_model(self: Any, key: str, model: str) -> dict[str, Any]:
+    """Needs 30 GB of GPU memory (the task's own declaration); marks ``model`` warm where it
+    ran."""
+    warm = bidding.mark_warm(model)
+    return {**_span(self, key, 0.0), "warm": warm}
+
+
+@app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="warm_work",
+          required_skills=["infer"])
+def warm_call(self: Any, key: str) -> dict[str, Any]:
+    """Asks for a warm model per call (``bidding={"affinity": [...]}``)."""
+    return _span(self, key, 0.0)

@@ -36,3 +36,24 @@ def choosy(announcement: Announcement, draft: Bid) -> BidResponse:
         proposal=f"east runs {announcement.task_type} {announcement.args[:1]} on its GPU",
         reasoning="idle GPU, and the task is small",
     )
+
+
+#: What thrifty's and lavish's bidders claim (tests/integration/test_figures.py): thrifty is
+#: modest and within the documented strategy's token budget (500); lavish claims near
+#: certainty, a tenth of the real cost, and a hundredth of the time, and wants many tokens.
+THRIFTY = {"confidence": 0.7, "estimated_cost": 0.02, "estimated_duration_s": 0.5,
+           "metadata": {"estimated_tokens": 300, "model": "small"}}
+LAVISH = {"confidence": 0.99, "estimated_cost": 0.001, "estimated_duration_s": 0.003,
+          "metadata": {"estimated_tokens": 5000, "model": "large"}}
+
+
+def thrifty(announcement: Announcement, draft: Bid) -> BidResponse:
+    """Bids with ``THRIFTY``'s figures (a ``BidResponse``)."""
+    return BidResponse(will_bid=True, proposal="a small model, one pass",
+                       reasoning="cheap and good enough", **THRIFTY)  # type: ignore[arg-type]
+
+
+def lavish(announcement: Announcement, draft: Bid) -> dict[str, object]:
+    """Bids with ``LAVISH``'s figures (a dict of ``BidResponse``'s fields)."""
+    return {"will_bid": True, "proposal": "the largest model, many passes",
+            "reasoning": "nothing can go wrong", **LAVISH}

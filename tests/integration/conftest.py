@@ -46,13 +46,14 @@ def _check(fn: object) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def write_profile(directory: Path, name: str, skills: list[str], extra: str = "") -> Path:
+def write_profile(directory: Path, name: str, skills: list[str], extra: str = "",
+                  capacity: int = 4) -> Path:
     """An equal profile for every test node: only the skills differ (and ``extra`` TOML
     lines, e.g. a bidder of its own)."""
     path = directory / f"{name}.toml"
     caps = ", ".join(f'"{s}"' for s in skills)
     path.write_text(
-        f'name = "{name}"\ncapabilities = [{caps}]\ncapacity = 4\n'
+        f'name = "{name}"\ncapabilities = [{caps}]\ncapacity = {capacity}\n'
         f"price_per_unit = 0.01\nlatency_ms = 50\ntrust = 70\n{extra}"
     )
     return path
@@ -129,13 +130,15 @@ def running_cluster(database_url: str, directory: Path, backend: str,
                     extra_env: dict[str, str] | None = None,
                     nodes: Mapping[str, list[str]] = NODES,
                     profiles: dict[str, str] | None = None,
-                    prefix: Mapping[str, list[str]] | None = None) -> Iterator[Cluster]:
+                    prefix: Mapping[str, list[str]] | None = None,
+                    capacity: int | None = None) -> Iterator[Cluster]:
     """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
     at ``database_url``.
 
     ``extra_env`` (``BIDDING_*`` settings) applies to the nodes and to this test process.
     ``profiles``: more TOML lines for a node's profile, by node name.
     ``prefix``: a command a node's worker runs under, by node name (another clock, a host).
+    ``capacity``: every node's capacity, and its workers' pool processes (else 4, and 2).
     Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
     says otherwise: the test nodes all bid with the built-in function, so under the default,
     "auto", every auction would be proxied, and the tests of the asking path (the bid
@@ -165,28 +168,35 @@ def running_cluster(database_url: str, directory: Path, backend: str,
              "BIDDING_IT_BACKEND": result_backend or broker, "BIDDING_IT_COUNTERS": COUNTERS,
              "BIDDING_HEARTBEAT_INTERVAL": "1", "PYTHONPATH": str(ROOT), **extra_env},
         log_dir=directory / "logs",
-        concurrency=2,
+        concurrency=capacity or 2,
         cwd=ROOT,
         prefix=prefix or {},
     )
     try:
-        federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""))
+        federation.start(write_profile(directory, n, s, (profiles or {}).get(n, ""),
+                                       capacity or 4)
                          for n, s in nodes.items())
         federation.wait_live(settings, timeout=90)
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)
     finally:
         federation.stop()
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _repoint(app, *saved_conf)
-        reset_settings(app)
-        invalidate_cache()
-        dispose_all()
-        forget_schema_checks()
+        restore_app(app, previous, saved_conf)
+
+
+def restore_app(app: Any, environ: Mapping[str, str | None], conf: tuple[str, str]) -> None:
+    """Put back the environment variables a cluster set (None: unset) and the app's broker
+    and backend, and forget what was cached for the cluster's store."""
+    for key, value in environ.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    _repoint(app, *conf)
+    reset_settings(app)
+    invalidate_cache()
+    dispose_all()
+    forget_schema_checks()
 
 
 @contextmanager

@@ -112,17 +112,19 @@ def test_no_answer_at_all_fails_with_a_clear_result(cluster: Cluster) -> None:
     assert cluster.executions(result.id) == 0
 
 
-def test_when_every_node_refuses_the_caller_gets_the_reasons(cluster: Cluster) -> None:
-    # given a task whose deadline has already passed (every node refuses to start it)
+def test_a_task_whose_deadline_passed_before_the_call_is_never_announced(
+    cluster: Cluster,
+) -> None:
+    # given a task whose deadline has already passed when it is called
     result = shared.apply_async((1,), bidding={"deadline": time.time() - 1})
     # when the caller waits
-    with pytest.raises(bidding.NoBidsError) as err:
+    with pytest.raises(bidding.TaskExpiredError) as err:
         result.get(timeout=15)
-    # then the error says that all of them refused and why
-    assert "every answering node refused" in str(err.value)
-    assert "deadline passed" in str(err.value)
-    why = bidding.explain(result.id, app=cluster.app)
-    assert sorted(b.node for b in why.bids if not b.will_bid) == sorted(NODES)
+    # then the error says it expired, by its deadline, as it was called
+    assert "expired: not started by its deadline" in str(err.value)
+    assert "while it was called" in str(err.value)
+    # and no node was asked to bid, and nothing ran
+    assert bidding.explain(result.id, app=cluster.app).bids == []
     assert cluster.executions(result.id) == 0
 
 

@@ -19,7 +19,7 @@ from bidding.cli import main
 from bidding.observe.explain import BidView, Explanation
 from bidding.store import read_session
 from bidding.store.schema import Message
-from tests.integration.app import shared
+from tests.integration.app import approach, shared
 from tests.integration.bidders import REFUSAL, REFUSED_TYPE
 from tests.integration.conftest import Cluster, store_cluster
 
@@ -136,3 +136,25 @@ def test_mixed_auctions_award_each_task_exactly_once(judged: Cluster) -> None:
     alpha = shared.apply_async(("alpha",), bidding={"required_skills": ["alpha"]})
     alpha.get(timeout=15)
     assert bidding.explain(alpha.id, app=judged.app).closed_by == PROXY_CLOSE
+
+
+def test_the_body_runs_under_the_winners_proposal(judged: Cluster) -> None:
+    # given east, whose own bidder proposes how it would do a task, and a task only east can
+    # do, with a budget
+    # when it is called
+    result = approach.apply_async(("paper.pdf",), bidding={"budget": 5.0})
+    # then the body read its award: east's proposal, the winning score, the first attempt
+    got = result.get(timeout=15)
+    assert got["proposal"] == "east runs approach_work ['paper.pdf'] on its GPU"
+    assert (got["node"], got["worker"], got["attempt"], got["task_id"]) == (
+        "east", "east", 1, result.id)
+    why = bidding.explain(result.id, app=judged.app)
+    assert got["score"] == why.winning_score and got["score"] is not None
+    assert got["budget_left"] == 5.0
+    # and explain shows the proposal next to what the body returned
+    assert why.proposal == got["proposal"]
+    text = why.render()
+    assert f"  proposal: {got['proposal']}\n  result: returned {{" in text
+    assert f"'proposal': \"{got['proposal']}\"" in text
+    # and the caller, outside any body, has no award
+    assert bidding.current_award() is None

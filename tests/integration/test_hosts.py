@@ -25,12 +25,19 @@ from bench.common.redis_server import PrivateRedis
 from bidding.config import Settings, get_settings, reset_settings
 from bidding.nodes.federation import Federation
 from bidding.nodes.registry import invalidate_cache
-from bidding.store import dispose_all, read_session, upgrade
+from bidding.store import read_session, upgrade
 from bidding.store.migrate import forget_schema_checks
 from bidding.store.schema import AnnouncementRow, Message
 from tests.conftest import require
 from tests.integration.app import app, shared, slow
-from tests.integration.conftest import ROOT, _postgres_database, _repoint, wait_for, write_profile
+from tests.integration.conftest import (
+    ROOT,
+    _postgres_database,
+    _repoint,
+    restore_app,
+    wait_for,
+    write_profile,
+)
 from tests.integration.netns import Forwarder, Hosts, hosts, unavailable
 
 pytestmark = pytest.mark.integration
@@ -91,16 +98,7 @@ def network(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Network]:
                 forwarder.stop()
                 broker.stop()
     finally:
-        for key, value in previous.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        _repoint(app, *saved)
-        reset_settings(app)
-        invalidate_cache()
-        dispose_all()
-        forget_schema_checks()
+        restore_app(app, previous, saved)
         for _ in databases:  # drops the database
             pass
 

@@ -396,13 +396,15 @@ def test_a_task_that_reaches_its_node_after_its_deadline_is_failed_unstarted(
     key = f"late-{time.time()}"
     result = slow.apply_async((key, 0.1), bidding={"deadline": time.time() + 2.0,
                                                    "task_type": fresh_type()})
-    # then it fails without starting, and the caller and the log say why
-    with pytest.raises(bidding.DeadlinePassedError, match="before the task could start"):
+    # then it fails without starting (it expired: a deadline and an expiry are one limit),
+    # and the caller and the log say why
+    with pytest.raises(bidding.DeadlinePassedError, match="expired: not started by its deadline"):
         result.get(timeout=30)
     assert nodes.counters.get(f"started:{key}") is None
     assert state_of(nodes, result.id) == "FAILED"
-    failed = [m for m in messages(nodes, result.id) if m.kind == "TASK_FAILED"]
-    assert len(failed) == 1 and "DeadlinePassedError" in failed[0].detail["error"]
+    expired = [m for m in messages(nodes, result.id) if m.kind == "EXPIRED"]
+    assert len(expired) == 1 and "expired: not started by its deadline" in expired[0].detail[
+        "error"]
     # and nothing is charged for the body that never ran
     with read_session(nodes.settings.database_url) as s:
         assert sum(e.total for e in s.scalars(

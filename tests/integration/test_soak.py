@@ -71,11 +71,10 @@ def test_a_timed_chaos_soak_with_a_short_retention_loses_nothing(tmp_path: Path)
 
 @pytest.mark.timeout(600)
 def test_short_chaos_soaks_on_sqlite_lose_nothing_run_after_run(tmp_path: Path) -> None:
-    # given the same soak on the embedded store (a SQLite file shared by the node workers),
-    # twice in a row with other random choices (ten in a row by hand: bench/RESULTS.md), each
-    # in a process of its own: the soak's app is configured once per process, for its
-    # broker, so a second soak in this one would talk to the first one's stopped broker
-    for seed in (1, 2):
+    # given the same soak on the embedded store (a SQLite file shared by the node workers), in
+    # a process of its own: the soak's app is configured once per process, for its broker.
+    # (Once here, to keep CI under its time; ten in a row by hand: bench/RESULTS.md.)
+    for seed in (1,):
         command = [sys.executable, str(ROOT / "bench" / "soak.py"), "--tasks", "100",
                    "--nodes", "4", "--rate", "6", "--kills", "3", "--kill-every", "4",
                    "--broker-restarts", "1", "--store-restarts", "0", "--timeout", "240",
@@ -92,7 +91,9 @@ def test_short_chaos_soaks_on_sqlite_lose_nothing_run_after_run(tmp_path: Path) 
 
 
 @pytest.mark.timeout(330)
-@pytest.mark.parametrize("store", ["postgresql", "sqlite"])
+# PostgreSQL, the production store (the journal's writes to SQLite are
+# tests/integration/test_writebehind.py's, on both stores): the SQLite run cost CI 108 s.
+@pytest.mark.parametrize("store", ["postgresql"])
 def test_a_short_chaos_soak_through_the_award_journal_loses_nothing(
     tmp_path: Path, store: str,
 ) -> None:

@@ -247,10 +247,17 @@ def rows(database_url: str) -> tuple[int, int]:
                 s.scalar(select(func.count()).select_from(BidRow)) or 0)
 
 
+def exec_keys(node: str) -> list[str]:
+    """The Redis lists of ``node``'s execution queue: kombu's Redis transport keeps one per
+    priority band (the queue's name for band 0, then the name, its separator and the band of
+    its default steps; bidding.execution.priority)."""
+    return [f"exec.{node}", *(f"exec.{node}\x06\x16{band}" for band in (3, 6, 9))]
+
+
 def purge(client: redis.Redis[bytes]) -> None:
     """Drop the ghosts' executions (nobody consumes them)."""
     for name in ("ghost1", "ghost2"):
-        client.delete(f"exec.{name}")
+        client.delete(*exec_keys(name))
 
 
 # --- the journal's Redis side, against a Redis of the test's own ---------------------------
@@ -453,9 +460,10 @@ def sent_to(private: Private, task_id: str) -> list[str]:
     """The nodes the task's execution was sent to (the messages in their queues)."""
     found = []
     for name in ("ghost1", "ghost2"):
-        for raw in private.journal.client.lrange(f"exec.{name}", 0, -1):
-            if json.loads(raw)["headers"]["id"] == task_id:
-                found.append(name)
+        for key in exec_keys(name):
+            for raw in private.journal.client.lrange(key, 0, -1):
+                if json.loads(raw)["headers"]["id"] == task_id:
+                    found.append(name)
     return found
 
 

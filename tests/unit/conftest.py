@@ -3,9 +3,13 @@ PostgreSQL database (``settings``, both), no broker."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,11 +32,53 @@ def fresh_url(tmp_path) -> Iterator[str]:
     forget_schema_checks()
 
 
+_templates: dict[str, str] = {}
+
+
+def _sqlite_template() -> Path:
+    """A SQLite store migrated to head once per test process: each test's store is a copy
+    (a copy takes a millisecond; running every migration again took a tenth of a second, for
+    hundreds of tests). The migrations themselves are tested on fresh stores (test_store)."""
+    found = _templates.get("sqlite")
+    if found is None:
+        folder = tempfile.mkdtemp(prefix="bidding-template-")
+        atexit.register(shutil.rmtree, folder, True)
+        found = _templates["sqlite"] = str(Path(folder) / "store.db")
+        upgrade(f"sqlite:///{found}")
+        dispose_all()  # closed: the file holds everything (no WAL left beside it)
+        forget_schema_checks()
+    return Path(found)
+
+
 @pytest.fixture
 def store_url(fresh_url: str) -> str:
     """URL of a SQLite store migrated to head."""
-    upgrade(fresh_url)
+    shutil.copyfile(_sqlite_template(), make_url(fresh_url).database or "")
     return fresh_url
+
+
+def _postgres_template(admin: Any, server: Any) -> str:
+    """A PostgreSQL database migrated to head once per test process, which each test's
+    database is made from (``CREATE DATABASE ... TEMPLATE``: 50 ms, against 300 ms to run
+    every migration again); dropped when the process ends."""
+    found = _templates.get("postgresql")
+    if found is None:
+        name = f"bidding_ut_template_{uuid.uuid4().hex[:12]}"
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        upgrade(server.set(database=name).render_as_string(hide_password=False))
+        dispose_all()  # a template must have no connection while it is copied
+        forget_schema_checks()
+        found = _templates["postgresql"] = name
+
+        def drop() -> None:
+            engine = create_engine(server, isolation_level="AUTOCOMMIT")
+            with engine.connect() as conn:
+                conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+            engine.dispose()
+
+        atexit.register(drop)
+    return found
 
 
 @contextmanager
@@ -43,14 +89,14 @@ def postgres_database() -> Iterator[str]:
     name = f"bidding_ut_{uuid.uuid4().hex[:12]}"
     admin = create_engine(server, isolation_level="AUTOCOMMIT")
     try:
+        template = _postgres_template(admin, server)
         with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template}"'))
     except OperationalError as exc:
         admin.dispose()
         require("PostgreSQL", False, str(exc).splitlines()[0])
     url = server.set(database=name).render_as_string(hide_password=False)
     try:
-        upgrade(url)
         yield url
     finally:
         dispose_all()

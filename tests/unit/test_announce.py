@@ -16,9 +16,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from bidding.auction.announcement import build_announcement, check_options
-from bidding.auction.candidates import prior_score, select_candidates
+from bidding.auction.candidates import prior_score, scaled_cap, select_candidates
 from bidding.auction.scores import learned_trust
 from bidding.config import Settings, load_settings
 from bidding.errors import ConfigurationError, UnknownStrategyError
@@ -101,6 +102,29 @@ def test_cap_zero_asks_every_eligible_node():
     chosen = select_candidates(announcement, nodes, random.Random(0))
     # then all 30 are asked
     assert chosen == [n.name for n in nodes]
+
+
+@pytest.mark.parametrize(("eligible", "asked"), [
+    (3, 3), (8, 8), (16, 8), (32, 12), (128, 23), (256, 32), (1000, 64)])
+def test_the_auto_cap_grows_with_the_square_root_of_the_eligible_nodes(eligible, asked):
+    # given an announcement with the default cap ("auto") and this many eligible nodes
+    announcement = make_rfp(required_skills=["x"])
+    assert announcement.candidate_cap == "auto"
+    nodes = [live(f"n{i:04d}") for i in range(eligible)]
+    # when candidates are selected
+    chosen = select_candidates(announcement, nodes, random.Random(0))
+    # then all are asked up to 8, then 2 * sqrt(n) of them, each once
+    assert len(chosen) == len(set(chosen)) == asked == min(eligible, scaled_cap(eligible))
+
+
+def test_a_cap_that_is_neither_a_number_nor_auto_is_refused_naming_it():
+    # given a task option with a negative cap, or a word other than "auto"
+    for bad in (-1, "all"):
+        # when the announcement is built
+        with pytest.raises(ValidationError) as info:
+            make_rfp(candidate_cap=bad)
+        # then the error names the field
+        assert "candidate_cap" in str(info.value)
 
 
 def test_cap_not_reached_asks_everyone():

@@ -408,8 +408,36 @@ def test_closed_auctions_are_listed_newest_first_with_their_bids_and_why(
     assert client.get(f"/aitp/tasks/{won}/bids").json()["why"] == oldest["why"]
     # when asked for what closed after the newest, then nothing; and the limit holds
     assert client.get("/aitp/auctions", params={"after": feed["cursor"]}).json() == {
-        "auctions": [], "cursor": feed["cursor"]}
+        "auctions": [], "cursor": feed["cursor"], "older": None}
     assert len(client.get("/aitp/auctions", params={"limit": 1}).json()["auctions"]) == 1
+    # and paging back one at a time, then by outcome, reaches the same auctions
+    first = client.get("/aitp/auctions", params={"limit": 1}).json()
+    second = client.get("/aitp/auctions", params={"limit": 1, "before": first["older"]}).json()
+    assert [first["auctions"][0]["task_id"], second["auctions"][0]["task_id"]] == [lost, won]
+    assert second["older"] is None
+    failed = client.get("/aitp/auctions", params={"outcome": "failed"}).json()["auctions"]
+    assert [a["task_id"] for a in failed] == [lost]
+    contested = client.get("/aitp/auctions", params={"contested": "true"}).json()["auctions"]
+    assert [a["task_id"] for a in contested] == [won]
+
+
+@pytest.mark.parametrize(("params", "named"), [
+    ({"outcome": "won"}, "outcome"),
+    ({"before": 0}, "before"),
+    ({"contested": "maybe"}, "contested"),
+    ({"since": "yesterday"}, "since"),
+    ({"since": 100.0, "until": 50.0}, "until"),
+    ({"since": "nan"}, "since"),
+    ({"node": "x" * 33}, "node"),
+    ({"task_type": ""}, "task_type"),
+])
+def test_a_bad_query_parameter_of_the_auction_feed_is_a_422_naming_it(
+        client: TestClient, params: dict[str, Any], named: str) -> None:
+    # when the feed is asked with a parameter it cannot use
+    answer = client.get("/aitp/auctions", params=params)
+    # then it says which, instead of guessing
+    assert answer.status_code == 422, answer.text
+    assert [e["loc"] for e in answer.json()["detail"]] == [["query", named]], answer.text
 
 
 def test_a_subtasks_auction_names_its_graph_and_step(store_url: str) -> None:

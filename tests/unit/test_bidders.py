@@ -118,9 +118,9 @@ def test_a_bidder_that_does_not_resolve_is_refused_naming_the_profile_and_key(
 
 
 @pytest.mark.parametrize(("fields", "expected"), [
-    ({"bidder": "not a path"}, 'bidder: Value error, expected "llm" or a dotted path'),
-    ({"bidder": "llm"}, 'bidder_llm: Value error, bidder = "llm" needs this table'),
-    ({"bidder_llm": {"model": "test"}}, 'bidder_llm: Value error, used only with bidder = "llm"'),
+    ({"bidder": "not a path"}, 'bidder: expected "llm" or a dotted path'),
+    ({"bidder": "llm"}, 'bidder_llm: bidder = "llm" needs this table'),
+    ({"bidder_llm": {"model": "test"}}, 'bidder_llm: used only with bidder = "llm"'),
     ({"bidder": "llm", "bidder_llm": {"model": "test", "temp": 1}},
      "bidder_llm.temp: Extra inputs are not permitted"),
     ({"bidder": "a.b:c", "bidder_timeout_s": 0}, "bidder_timeout_s: Input should be greater"),

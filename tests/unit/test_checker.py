@@ -12,7 +12,9 @@ import pytest
 
 from bidding.observe.checker import RULES, Violation, check_task
 
-ARCHITECTURE = Path(__file__).resolve().parents[2] / "docs" / "architecture.md"
+#: The checker's decision record, whose table lists every rule.
+RULES_DOC = (Path(__file__).resolve().parents[2] / "docs" / "decisions"
+             / "0016-protocol-checker.md")
 
 
 @dataclass
@@ -120,6 +122,19 @@ CLEAN: dict[str, list[M]] = {
     "retry due after the deadline": [
         *auction(), M("TASK_ACCEPTED", 1, "north"),
         M("RETRYING", 2, "north", {"next_attempt": 2}), M("TASK_FAILED", 2)],
+    "retry due after the expiry: ended by a sweeper": [
+        *auction(), M("TASK_ACCEPTED", 1, "north"),
+        M("RETRYING", 2, "north", {"next_attempt": 2}),
+        M("EXPIRED", 2, detail={"error": "expired: ...", "state": "RETRYING"})],
+    "expired while queued on its winner, then its message dropped there": [
+        *auction(), M("EXPIRED", 1, detail={"error": "expired: ...", "state": "ASSIGNED"}),
+        M("ILLEGAL_TRANSITION", 1, "north", {"wanted": "TASK_ACCEPTED"})],
+    "expired on its node before the body": [
+        *auction(), M("TASK_ACCEPTED", 1, "north"),
+        M("EXPIRED", 1, "north", {"error": "expired: ..."})],
+    "expired at the call": [M("SCHEDULED", 1, detail={"delay_s": 0}),
+                            M("EXPIRED", 1, detail={"error": "expired: ..."})],
+    "expired while deferred": [M("DEFERRED", 1), M("EXPIRED", 1, detail={"error": "x"})],
     "bid requests not sent": [announced(), M("TASK_FAILED", 1, detail={"error": "broker"})],
     "flagged by the monitor, then completed": [
         *auction(), M("TASK_ACCEPTED", 1, "north"), M("WATCH_ESCALATED", 1),
@@ -217,7 +232,7 @@ def test_a_log_without_an_opening_is_reported_once() -> None:
     assert rules(found) == ["announced_first"]
 
 
-def test_the_architecture_document_lists_every_rule() -> None:
-    text = ARCHITECTURE.read_text()
+def test_the_checkers_decision_record_lists_every_rule() -> None:
+    text = RULES_DOC.read_text()
     listed = set(re.findall(r"^\| `([a-z_]+)` \|", text, flags=re.MULTILINE))
     assert set(RULES) <= listed

@@ -21,7 +21,7 @@ def test_defaults_without_conf_or_environment():
     assert settings.no_bid == "fail"
     assert settings.min_confidence == 0.5
     assert settings.min_trust == 50.0
-    assert settings.candidate_cap == 8
+    assert settings.candidate_cap == "auto"
     assert settings.database_url == "sqlite:///bidding.db"
     assert settings.bid_threads == 4
     assert settings.sweep_interval == 0.2
@@ -93,6 +93,16 @@ def test_environment_strings_are_parsed():
     assert settings.auto_migrate is False
     assert settings.candidate_cap == 4
     assert settings.profile == "x"
+
+
+def test_the_candidate_cap_takes_auto_or_a_number_and_refuses_anything_else():
+    # given the cap from the environment: "auto", a number, then a negative one
+    assert load_settings({}, {"BIDDING_CANDIDATE_CAP": "auto"}).candidate_cap == "auto"
+    assert load_settings({}, {"BIDDING_CANDIDATE_CAP": "0"}).candidate_cap == 0
+    with pytest.raises(ConfigurationError) as info:
+        load_settings({}, {"BIDDING_CANDIDATE_CAP": "-2"})
+    # then the error names the variable
+    assert "BIDDING_CANDIDATE_CAP" in str(info.value)
 
 
 def test_bad_window_names_the_setting():
@@ -251,7 +261,7 @@ def test_announcement_priority_10_fails_naming_priority():
     # then the error is on the priority field only
     errors = info.value.errors()
     assert [e["loc"] for e in errors] == [("priority",)]
-    assert "less than or equal to 9" in errors[0]["msg"]
+    assert "an integer from 0 to 9" in errors[0]["msg"]
 
 
 def test_announcement_required_skills_deduplicated():
@@ -292,3 +302,20 @@ def test_the_checking_settings_have_the_bounds_of_a_profiles_checking_table(
     message = str(info.value)
     assert f"bidding_{setting}:" in message
     assert f"allowed: {allowed}" in message
+
+
+def test_behind_a_transaction_pooler_the_store_asks_psycopg_for_no_prepared_statements():
+    # given the setting on, from the environment, made the process's store options
+    from bidding.config import use_store_settings
+    from bidding.store.engine import pooler_connect_args
+
+    on = load_settings({}, {"BIDDING_DB_TRANSACTION_POOLER": "true"})
+    try:
+        use_store_settings(on)
+        # then a psycopg URL's engines prepare nothing, and other drivers get nothing new
+        assert pooler_connect_args("postgresql+psycopg://u@h/db") == {"prepare_threshold": None}
+        assert pooler_connect_args("sqlite:///x.db") == {}
+    finally:
+        use_store_settings(load_settings({}, {}))
+    # and with the default (off), psycopg keeps its own threshold
+    assert pooler_connect_args("postgresql+psycopg://u@h/db") == {}

@@ -78,9 +78,9 @@ def test_each_phase_is_the_tasks_state_in_flower_until_it_ends(
     started = ("task-started", {"uuid": task.task_id, "hostname": worker})
     succeeded = ("task-succeeded", {"uuid": task.task_id, "hostname": worker, "result": "1"})
     view = flower_view([announced, awarded, received, started, executing, succeeded])
-    # then the first event creates the task in state ANNOUNCED, from bidding@<host>
+    # then the first event creates the task in state ANNOUNCED, from auctioneer@<host>
     auctioneer = events.auctioneer()
-    assert view[0] == ("ANNOUNCED", auctioneer) and auctioneer.startswith("bidding@")
+    assert view[0] == ("ANNOUNCED", auctioneer) and auctioneer.startswith("auctioneer@")
     # and AWARDED holds while the worker receives and starts it (a custom state outranks
     # RECEIVED and STARTED), so the winner's EXECUTING is what says it runs, then SUCCESS
     assert [s for s, _ in view] == ["ANNOUNCED", "AWARDED", "AWARDED", "AWARDED", "EXECUTING",
@@ -143,7 +143,41 @@ def test_a_send_that_fails_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_each_process_publishes_with_its_own_dispatcher_per_sender() -> None:
     # given an app: its dispatchers are made once per sender name in a process
     celery = app()
-    first = events._dispatcher(celery, "bidding@h")
-    assert events._dispatcher(celery, "bidding@h") is first
+    first = events._dispatcher(celery, "auctioneer@h")
+    assert events._dispatcher(celery, "auctioneer@h") is first
     assert events._dispatcher(celery, "north@h") is not first
-    assert first.hostname == "bidding@h" and not first.enabled  # it publishes on a producer
+    assert first.hostname == "auctioneer@h" and not first.enabled  # it publishes on a producer
+
+
+def flower_workers(stream: Sent, received_at: float) -> dict[str, bool]:
+    """Flower's worker list after ``stream`` (received at ``received_at``): each name it lists
+    and whether it shows it Online (``flower.views.workers.WorkersView``: the hostnames its
+    events counted that Celery's state knows as workers, Online while alive)."""
+    flower_events = pytest.importorskip("flower.events")
+    state = flower_events.EventsState()
+    for clock, (kind, fields) in enumerate(stream, start=1):
+        state.event({"type": kind, "timestamp": received_at, "local_received": received_at,
+                     "clock": clock, **fields})
+    return {name: state.workers[name].alive for name in state.counter if name in state.workers}
+
+
+def test_flower_lists_the_auctioneer_by_name_online_only_while_auctions_happen(
+        sent: tuple[Celery, Sent]) -> None:
+    celery, captured = sent
+    task = announcement()
+    # given an auction's events from the process that ran it, then the winner's own
+    events.announced(celery, task, candidates=2)
+    events.awarded(celery, task, "redfin", "exec.redfin")
+    worker = "redfin@host"
+    stream = [*captured, ("task-received", {"uuid": task.task_id, "hostname": worker,
+                                            "name": task.task_name}),
+              ("task-succeeded", {"uuid": task.task_id, "hostname": worker, "result": "1"})]
+    # when Flower reads them as they happen
+    listed = flower_workers(stream, time.time())
+    # then it lists the auctioneer by a name that says so, beside the node's worker, both
+    # Online (Celery's state takes each task event as its sender's heartbeat)
+    auctioneer = events.auctioneer()
+    assert auctioneer.startswith("auctioneer@") and not auctioneer.startswith("redfin@")
+    assert listed == {auctioneer: True, worker: True}
+    # and two minutes after the last auction, without a heartbeat of its own, it is Offline
+    assert flower_workers(stream, time.time() - 130)[auctioneer] is False

@@ -273,15 +273,20 @@ def test_the_result_is_the_merged_output_of_the_sinks() -> None:
     assert task_result(load_definition(spec), {}, outputs) == {"total": 1, "renamed": 2}
 
 
-def test_ready_subtasks_come_in_priority_order() -> None:
+def test_ready_subtasks_come_most_urgent_first() -> None:
+    # Given subtasks ready together: one of priority 3, one "high", one with none (the task's)
     spec = {"name": "g", "subtasks": [
         {"subtask_id": "a", "agent_capability": "x", "priority": 3},
-        {"subtask_id": "b", "agent_capability": "x", "priority": 1},
+        {"subtask_id": "b", "agent_capability": "x", "priority": "high"},
+        {"subtask_id": "d", "agent_capability": "x"},
         {"subtask_id": "c", "agent_capability": "x", "depends_on": ["a", "b"]}]}
     steps = load_definition(spec).steps()
-    assert [s.subtask_id for s in ready(steps, set(), set())] == ["b", "a"]
-    assert [s.subtask_id for s in ready(steps, {"a"}, {"a", "b"})] == []
-    assert [s.subtask_id for s in ready(steps, {"a", "b"}, {"a", "b"})] == ["c"]
+    # Then the higher number goes first, as everywhere: high (8), the task's normal (5), then 3
+    assert [s.subtask_id for s in ready(steps, set(), set())] == ["b", "d", "a"]
+    # And under a LOW task, the subtask without a priority of its own comes after 3
+    assert [s.subtask_id for s in ready(steps, set(), set(), default=2)] == ["b", "a", "d"]
+    assert [s.subtask_id for s in ready(steps, {"a", "d"}, {"a", "b", "d"})] == []
+    assert [s.subtask_id for s in ready(steps, {"a", "b", "d"}, {"a", "b", "d"})] == ["c"]
 
 
 def test_a_yaml_file_is_read(tmp_path: Any) -> None:

@@ -400,3 +400,23 @@ def test_warm_pays_the_first_calls_costs_at_start_up(fresh_url: str) -> None:
 
     assert "bidding_announcements" in inspect(get_engine(fresh_url)).get_table_names()
     assert "backend" in celery._local.__dict__ or celery._backend_cache is not None
+
+
+def test_a_dropped_copy_whose_store_read_fails_is_still_only_dropped(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    # given a node dropping a stale copy of a task's execution while its store connection is
+    # severed (restore_view reads the task to mend Flower's view)
+    from sqlalchemy.exc import OperationalError
+
+    from bidding.execution import report
+
+    def severed(*_: Any, **__: Any) -> Any:
+        raise OperationalError("SELECT", {}, ConnectionError("server closed the connection"))
+
+    monkeypatch.setattr(report, "read_session", severed)
+    # when it restores the view, then nothing is raised (an error here would reach the caller
+    # as the task's outcome, though the task ran elsewhere), and the log says what was skipped
+    report.restore_view(Context(settings, Celery("t", broker="memory://",
+                                                 set_as_current=False)), "t-1")
+    assert "Flower's view of it not restored" in caplog.text

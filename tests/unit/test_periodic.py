@@ -53,3 +53,15 @@ def test_an_outage_is_a_few_lines_in_the_log(caplog: pytest.LogCaptureFixture) -
     assert len(failed) == 1 and failed[0].exc_info is not None
     assert any("works again, after 4 failure(s)" in r.getMessage() for r in caplog.records)
     assert sum(r.exc_info is not None for r in caplog.records) == 1
+
+
+def test_a_loop_idle_for_hours_keeps_its_longest_pause_and_runs_on() -> None:
+    # given a loop whose passes found nothing 10,000 times in a row (hours of an idle node)
+    from bidding.auction.sweeper import IDLE_INTERVAL, idle_interval
+    from bidding.observe.watch import idle_pass_interval
+
+    # then its pause is the longest one, not an overflow that would end its thread
+    assert idle_interval(0.25, 10_000) == IDLE_INTERVAL
+    assert idle_pass_interval(30.0, 1, 10_000) == 7.5
+    # and a slower configured loop stays as slow
+    assert idle_interval(5.0, 10_000) == 5.0

@@ -54,7 +54,8 @@ def test_redfin_profile_fields():
     profile = load_profile(WORKERS / "redfin.toml")
     # then its declared values are read exactly
     assert profile.name == "redfin"
-    assert profile.capabilities == ["gpu_inference", "nlp_analysis", "image_classification"]
+    assert profile.capabilities == ["gpu_inference", "nlp_analysis", "image_classification",
+                                    "testing"]
     assert profile.capacity == 4
     assert profile.price_per_unit == 0.02
     assert profile.latency_ms == 40.0

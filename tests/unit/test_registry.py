@@ -67,3 +67,30 @@ def test_a_store_that_fails_at_start_does_not_stop_the_node(tmp_path, caplog) ->
         assert beats._loop.running
     finally:
         beats._loop.stop()
+
+
+def test_a_beat_refreshes_the_node_and_its_worker_in_one_transaction(store_url: str) -> None:
+    from sqlalchemy import event, select
+
+    from bidding.nodes import incarnation
+    from bidding.store import read_session
+    from bidding.store.engine import get_engine
+    from bidding.store.schema import Worker
+
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    # given a started node and its registered worker
+    heartbeat(settings, PROFILE, now=1000.0)
+    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
+                                 started_at=1000.0, slots=2)
+    incarnation.register(settings, me, now=1000.0)
+    commits: list[int] = []
+    event.listen(get_engine(store_url), "commit", lambda _conn: commits.append(1))
+    # when the periodic beat runs with the tasks its pool runs
+    beat(settings, PROFILE, now=1100.0, me=me, running=["t-1"])
+    # then one transaction refreshed both rows
+    assert len(commits) == 1
+    [node] = query_live_nodes(settings, now=1101.0)
+    assert node.last_heartbeat == 1100.0
+    with read_session(store_url) as session:
+        worker = session.execute(select(Worker).where(Worker.hostname == "redfin@a")).scalar_one()
+    assert (worker.last_heartbeat, list(worker.running or [])) == (1100.0, ["t-1"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select, text, update
@@ -373,3 +374,40 @@ def test_on_postgresql_a_prune_vacuums_what_it_deleted_from(settings: Settings) 
     assert {"bidding_announcements", "bidding_messages", "bidding_bids",
             "bidding_ledger"} <= vacuumed()
     assert "bidding_graphs" not in vacuumed()
+
+
+def test_a_prune_whose_connection_drops_mid_batch_still_prunes_everything_once(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given two old finished tasks, and a store whose connection drops in the middle of the
+    # prune's first batch (a failover, a PgBouncer restart)
+    from sqlalchemy.exc import OperationalError
+
+    from bidding.lifecycle import tallies
+    from bidding.store import outage
+
+    tasks = [finished(settings), finished(settings)]
+    real = tallies.carry
+    calls: list[int] = []
+
+    def dropped(session: Any, ids: Any) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise OperationalError("INSERT", {}, Exception("server closed the connection"))
+        real(session, ids)
+
+    monkeypatch.setattr(tallies, "carry", dropped)
+    monkeypatch.setattr(outage, "FIRST_PAUSE", 0.01)
+    if settings.database_url.startswith("sqlite"):
+        # (SQLite has no connection to drop: its errors are raised as they are)
+        with pytest.raises(OperationalError):
+            retention.prune(settings, 30 * DAY)
+        return
+    # when the retention prunes what finished more than 30 days ago
+    pruned = retention.prune(settings, 30 * DAY)
+    # then the batch was tried again: both tasks are gone with their records, counted once
+    assert len(calls) == 2
+    assert all(state_of(settings, task) is None for task in tasks)
+    assert all(sum(n for kind, n in rows_of(settings, task).items() if kind != "episodes") == 0
+               for task in tasks)
+    assert pruned.tasks == 2 and pruned.bids == 2

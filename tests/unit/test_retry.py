@@ -98,7 +98,22 @@ def test_no_retries_left_no_policy_or_deadline_passed_mean_failure() -> None:
     assert "no retries left" in plan_retry(used_up, "n", RuntimeError(), NOW).why
     assert plan_retry(announcement(), "n", RuntimeError(), NOW).next is None
     late = announcement(retry_policy=RetryPolicy(max_retries=3), deadline=NOW - 1)
-    assert plan_retry(late, "n", RuntimeError(), NOW).why == "deadline passed"
+    plan = plan_retry(late, "n", RuntimeError(), NOW)
+    assert plan.next is None and plan.expired and plan.why.startswith("expired:")
+
+
+def test_a_retry_due_after_the_tasks_expiry_is_not_planned() -> None:
+    # given a task that expires in 1.5 s, whose retries wait 1, then 2 seconds
+    task = announcement(retry_policy=RetryPolicy(max_retries=3, base_ms=1000),
+                        expires_at=NOW + 1.5)
+    # when its first attempt fails: the retry, due in 1 s, is before the expiry
+    first = plan_retry(task, "n", RuntimeError(), NOW)
+    assert first.next is not None and first.delay == 1.0 and not first.expired
+    # when its second attempt fails: the retry would be due in 2 s, after the expiry
+    second = plan_retry(first.next, "n", RuntimeError(), NOW)
+    # then none is planned, and the plan says the task expired
+    assert second.next is None and second.expired
+    assert second.why == "expired: retry 2 would be due in 2s, after the task's start-by time"
 
 
 def test_a_timeout_is_retried_once_with_the_extended_limit_on_any_node() -> None:

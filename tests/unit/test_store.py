@@ -27,7 +27,8 @@ from bidding.store.schema import Base, Node
 
 TABLES = {"bidding_nodes", "bidding_announcements", "bidding_bids", "bidding_episodes",
           "bidding_messages", "bidding_ledger", "bidding_workers",
-          "bidding_graphs", "bidding_graph_steps", "bidding_jobs"}
+          "bidding_graphs", "bidding_graph_steps", "bidding_jobs", "bidding_tags",
+          "bidding_metric_totals"}
 
 
 def schema_diff(url: str) -> list:

@@ -108,8 +108,8 @@ def test_only_misspelt_options_are_refused_not_celerys_or_the_tasks_own() -> Non
         ({"bidding": {"budgett": 1.0}},
          "task demo.tasks.work: bidding: unknown option(s) budgett; did you mean budget?; "),
         ({"bidding": {"priority": 12}},
-         "bidding options of demo.tasks.work: priority: Input should be less than or equal to 9"
-         " (got 12)"),
+         "bidding options of demo.tasks.work: priority: 12 is not a priority; give \"high\" (8), "
+         "\"normal\" (5), \"low\" (2) or an integer from 0 to 9 (higher is more urgent) (got 12)"),
         ({"required_skills": [" "]}, "bidding options of demo.tasks.work: required_skills: "),
         ({"retry_policy": {"max_retries": -1}},
          "bidding options of demo.tasks.work: retry_policy.max_retries: Input should be greater "

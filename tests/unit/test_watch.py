@@ -3,6 +3,8 @@ time gate, escalation, news first, per-node policies and what a node's heartbeat
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from bidding.config import load_settings
@@ -16,6 +18,7 @@ from bidding.observe.watch import (
     WatchState,
     WorkerBeat,
     decide,
+    idle_pass_interval,
     last_news,
     pass_interval,
     policy_for,
@@ -176,6 +179,39 @@ def test_a_monitor_looks_four_times_per_first_wait_within_bounds() -> None:
     assert pass_interval(0.3, 1) == pytest.approx(0.075)
     assert pass_interval(0.01, 1) == 0.05
     assert pass_interval(30.0, 16) == 4.0
+
+
+def test_an_idle_monitor_spaces_its_passes_out_to_a_quarter_of_the_shortest_wait() -> None:
+    # given the default first wait (30 s), one node, and passes that found nothing
+    # then the first four keep the busy pace, the next ones double, up to a quarter of 30 s
+    assert [idle_pass_interval(30.0, 1, n) for n in (0, 4, 5, 6, 7, 50)] == [
+        1.0, 1.0, 2.0, 4.0, 7.5, 7.5]
+    # and with 16 nodes sharing the work, each monitor's pace is four times slower, both ways
+    assert idle_pass_interval(30.0, 16, 0) == 4.0
+    assert idle_pass_interval(30.0, 16, 50) == 30.0
+    # and a short first wait leaves no room to slow down (a check must not be later)
+    assert idle_pass_interval(0.3, 1, 50) == pytest.approx(0.075)
+
+
+def test_a_monitor_comes_back_to_its_busy_pace_at_the_first_pass_that_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a monitor on an empty store, after six passes that found nothing
+    from bidding.config import Settings
+    from bidding.observe import monitor as monitor_module
+    from bidding.observe.checking import Pass
+    from bidding.store import upgrade
+
+    url = f"sqlite:///{tmp_path}/store.db"
+    upgrade(url)
+    monitor = monitor_module.Monitor(Settings(database_url=url))
+    for _ in range(6):
+        monitor.run_once()
+    assert monitor.interval() == 4.0
+    # when a pass writes a check (a delegated task came due)
+    monkeypatch.setattr(monitor_module, "check_due", lambda *_a, **_k: Pass(written=1))
+    monitor.run_once()
+    # then the next wait is the busy one again
+    assert monitor.interval() == 1.0
 
 
 @pytest.mark.parametrize(

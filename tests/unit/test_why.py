@@ -86,3 +86,14 @@ def test_a_fallback_and_a_move_to_the_next_best_bidder_are_explained() -> None:
                     outcome="awarded", moved_from=("north", "node north stopped heartbeating"))
     assert moved == ["south holds it as the next-best bidder: it was moved from north "
                      "(node north stopped heartbeating)"]
+
+
+def test_a_node_left_out_of_a_retry_is_named_with_why() -> None:
+    # given a retry's auction that south won alone, north being left out after failing
+    bids = [bid("south", 0.9, winner=True)]
+    # when the award is explained with the announcement's exclusions
+    why = why_won(bids, winner="south", outcome="awarded", candidates=["south"],
+                  state="SUCCESS", excluded={"north": "it failed attempt #1: boom"})
+    # then the node that was not asked is named, with the reason
+    assert why == ["south won with 0.900: the only eligible bid",
+                   "north was not asked: it failed attempt #1: boom"]

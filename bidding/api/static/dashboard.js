@@ -2,9 +2,15 @@
 // (GET /aitp/...) every two seconds and draws what it answers.
 //
 // Two views, chosen by the address's fragment:
-//   #                 the auctions as they close, the nodes, assignments per node over time
-//   #task=ID          one task: its auction's bids and score breakdowns, why the winner won;
-//                     for a task graph, its steps and each step's auction
+//   #                 the auctions as they close, the nodes, assignments per node over time;
+//                     with the feed's filters and page in the fragment (the API's own query
+//                     parameters: outcome, task_type, node, since, until, contested, before,
+//                     limit), any page of every auction in the store
+//   #task=ID          one task: each attempt's auction, its bids and score breakdowns, why the
+//                     winner won; for a task graph, its steps and each step's auction
+// One vocabulary of task states on the page: the bidding states (PENDING, BIDDING, DEFERRED,
+// ASSIGNED, EXECUTING, COMPLETED, RETRYING, SUCCESS, FAILED, ESCALATED); a task graph's and a
+// step's status (AITP's words) are shown in them (stateOf).
 // A read token (bidding_api_read_token) comes from #token=... (kept in this tab's
 // sessionStorage, then taken out of the address) or from the form shown on a 401.
 "use strict";
@@ -23,6 +29,14 @@
   };
   const OTHER_TERM = "#bab0ac";
   const FINAL = new Set(["COMPLETED", "FAILED"]);
+  // The feed's query parameters the fragment may hold, and its page size.
+  const FEED_KEYS = ["outcome", "task_type", "node", "since", "until", "contested", "before", "limit"];
+  const FILTER_KEYS = ["outcome", "task_type", "node", "since", "until", "contested"];
+  const PAGE_SIZE = 25;
+  // AITP's words for a task graph's or a step's status, as the page's states: a graph that
+  // COMPLETED succeeded; a step CANCELLED never started (an earlier step failed the graph);
+  // a step ANNOUNCED is in its auction.
+  const AITP_AS_STATE = {COMPLETED: "SUCCESS", CANCELLED: "FAILED", ANNOUNCED: "BIDDING"};
   const nodeColors = new Map();
   let timer = null;
   let shown = "";   // what the current view was drawn from, to redraw only on change
@@ -37,7 +51,7 @@
       if (key === "style") el.style.cssText = value;
       else el.setAttribute(key, value === true ? "" : String(value));
     }
-    for (const child of children.flat()) {
+    for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
       el.append(child instanceof Node ? child : String(child));
     }
@@ -71,6 +85,14 @@
       h("i", {class: "dot", style: `background:${colorOf(node)}`}), node);
   }
 
+  function stateOf(status) {
+    return AITP_AS_STATE[status] || status;
+  }
+
+  function stateBadge(state, title) {
+    return h("span", {class: `state s-${state}`, "data-state": state, title}, state);
+  }
+
   function taskLink(id, text) {
     return h("a", {href: `#task=${encodeURIComponent(id)}`, class: "task-link"}, text);
   }
@@ -102,10 +124,14 @@
     const answer = await fetch(path.replace(/^\//, ""), {headers, cache: "no-store"});
     if (answer.status === 401) throw new NeedsToken();
     if (!answer.ok) {
-      let detail = answer.statusText;
-      try { detail = JSON.stringify((await answer.json()).detail); } catch (e) { /* not JSON */ }
+      let detail = answer.statusText, problems = null;
+      try {
+        problems = (await answer.json()).detail;
+        detail = JSON.stringify(problems);
+      } catch (e) { /* not JSON */ }
       const error = new Error(`${path}: ${answer.status} ${detail}`);
       error.status = answer.status;
+      error.problems = problems;
       throw error;
     }
     return answer.json();
@@ -203,14 +229,27 @@
         h("span", {class: "muted", title: "strategy"}, a.strategy),
         a.graph_id ? h("span", {class: "muted"}, "step ", taskLink(a.graph_id, a.step_id), " of a graph") : null,
         outcome,
-        h("span", {class: `state s-${a.state}`}, a.state)),
+        stateBadge(a.state, "the task's state now")),
       h("ul", {class: "bids"}, sortedBids(a.bids).map((b) => bidChip(b, scale))),
       a.why.length ? h("p", {class: "why"}, "why: ", a.why[0]) : null);
   }
 
+  // What a node declares, as free/declared (its unfinished attempts reserve the rest), and
+  // the items it holds warm: nothing when it declares neither.
+  function resourcesLine(n) {
+    const declared = Object.keys(n.resources || {}).sort();
+    if (!declared.length && !(n.warm || []).length) return null;
+    const amount = (v) => String(Math.round(Number(v || 0) * 100) / 100);
+    const held = declared.map((k) => `${k} ${amount((n.free || {})[k])}/${amount(n.resources[k])}`);
+    return h("div", {class: "skills", "data-resources": declared.join(" "),
+                     title: "resources free of declared; warm items"},
+      held.join(", "), (n.warm || []).length ? h("span", {class: "muted"}, ` warm: ${n.warm.join(", ")}`) : null);
+  }
+
   function nodesTable(nodes) {
     const rows = nodes.map((n) => h("tr", {"data-node": n.name},
-      h("td", {}, nodeTag(n.name), h("div", {class: "skills"}, n.capabilities.join(", "))),
+      h("td", {}, nodeTag(n.name), h("div", {class: "skills"}, n.capabilities.join(", ")),
+        resourcesLine(n)),
       h("td", {class: n.live ? "good nowrap" : "bad nowrap"}, n.live ? "\u25cf live" : `\u25cb ${n.status}`),
       h("td", {}, h("span", {class: "meter", title: `${n.in_flight} in flight of capacity ${n.capacity}`},
         h("i", {style: `width:${Math.min(100, 100 * n.load)}%`})), ` ${n.in_flight}/${n.capacity}`),
@@ -272,26 +311,150 @@
         " p99 ", h("b", {}, ms(stats.assignment_p99_ms))));
   }
 
+  // --- the feed's filters and pages ---------------------------------------------------------
+
+  // The API query of the feed the fragment asks for (its page size unless it says one).
+  function feedQuery(params) {
+    const query = new URLSearchParams();
+    for (const key of FEED_KEYS) {
+      const value = params.get(key);
+      if (value !== null && value !== "") query.set(key, value);
+    }
+    if (!query.has("limit")) query.set("limit", String(PAGE_SIZE));
+    return query;
+  }
+
+  // The address of the home view with ``changes`` (a null value takes the key out).
+  function linkTo(params, changes) {
+    const next = new URLSearchParams();
+    for (const key of FEED_KEYS) if (params.get(key)) next.set(key, params.get(key));
+    for (const [key, value] of Object.entries(changes)) {
+      if (value === null || value === undefined || value === "") next.delete(key);
+      else next.set(key, String(value));
+    }
+    return `#${next.toString()}`;
+  }
+
+  // Unix seconds <-> a datetime-local field's value (the browser's time zone).
+  function toLocalInput(seconds) {
+    if (!seconds || Number.isNaN(Number(seconds))) return "";
+    const d = new Date(Number(seconds) * 1000);
+    return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19);
+  }
+  const fromLocalInput = (value) => (value ? String(new Date(value).getTime() / 1000) : "");
+
+  function field(name) {
+    return document.getElementById(`f-${name}`);
+  }
+
+  // The form shows what the fragment asks for (on load and on every change of address).
+  function fillFilters(params) {
+    field("outcome").value = params.get("outcome") || "";
+    field("task_type").value = params.get("task_type") || "";
+    const node = params.get("node") || "";
+    if (node && ![...field("node").options].some((o) => o.value === node)) {
+      field("node").append(h("option", {value: node}, node));
+    }
+    field("node").value = node;
+    field("since").value = toLocalInput(params.get("since"));
+    field("until").value = toLocalInput(params.get("until"));
+    field("contested").checked = ["1", "true"].includes(params.get("contested") || "");
+  }
+
+  // The choices the form offers: the nodes and task types the store knows.
+  function offerChoices(nodes, stats) {
+    const select = field("node");
+    const names = nodes.map((n) => n.name).sort();
+    const offered = [...select.options].map((o) => o.value).filter(Boolean);
+    if (names.some((n) => !offered.includes(n))) {
+      const chosen = select.value;
+      select.replaceChildren(h("option", {value: ""}, "any"),
+        [...new Set([...names, ...offered])].sort().map((n) => h("option", {value: n}, n)));
+      select.value = chosen;
+    }
+    document.getElementById("task-types").replaceChildren(
+      ...(stats.task_types || []).map((t) => h("option", {value: t.task_type})));
+  }
+
+  function applyFilters(e) {
+    e.preventDefault();
+    const params = fragment();
+    const changes = {before: null, outcome: field("outcome").value,
+      task_type: field("task_type").value.trim(), node: field("node").value,
+      since: fromLocalInput(field("since").value), until: fromLocalInput(field("until").value),
+      contested: field("contested").checked ? "true" : null};
+    location.hash = linkTo(params, changes);
+  }
+
+  function pager(params, feed) {
+    const more = feed.older !== null && feed.older !== undefined;
+    return h("nav", {class: "pager"},
+      params.get("before") ? h("a", {id: "newest", href: linkTo(params, {before: null})}, "\u2190 newest") : null,
+      more ? h("a", {id: "older", href: linkTo(params, {before: feed.older})}, "older \u2192")
+        : h("span", {class: "muted", id: "no-older"}, feed.auctions.length ? "no older auction matches" : ""));
+  }
+
+  // What the filters in force are, in words (the form's fields say it too).
+  function activeFilters(params) {
+    const said = [];
+    const stamp = (t) => new Date(Number(t) * 1000).toLocaleString([], {hour12: false});
+    if (params.get("outcome")) said.push(`outcome ${params.get("outcome")}`);
+    if (params.get("task_type")) said.push(`task type ${params.get("task_type")}`);
+    if (params.get("node")) said.push(`node ${params.get("node")}`);
+    if (params.get("since")) said.push(`closed from ${stamp(params.get("since"))}`);
+    if (params.get("until")) said.push(`closed before ${stamp(params.get("until"))}`);
+    if (["1", "true"].includes(params.get("contested") || "")) said.push("contested only");
+    return said.length ? h("p", {class: "help", id: "active-filters"}, "Only: ", said.join(" \u00b7 "),
+      " (", h("a", {href: "#"}, "clear"), ")") : null;
+  }
+
+  function filterProblem(problems) {
+    const lines = Array.isArray(problems) ? problems.map((p) => `${(p.loc || []).slice(-1)[0]}: ${p.msg}`)
+      : [String(problems)];
+    return h("p", {class: "bad", id: "filter-error"}, "These filters cannot be used: ", lines.join("; "));
+  }
+
+  // --- the home view, continued ---------------------------------------------------------------
+
   async function drawHome() {
+    const params = fragment();
+    const query = feedQuery(params);
     const [feed, nodes, timeline, stats] = await Promise.all([
-      get("/aitp/auctions?limit=25"), get("/aitp/nodes"), get("/aitp/timeline?buckets=40"),
-      get("/aitp/stats?protocol=false")]);
+      get(`/aitp/auctions?${query}`).catch((e) => {
+        if (e.status === 422) return {problems: e.problems};
+        throw e;
+      }),
+      get("/aitp/nodes"), get("/aitp/timeline?buckets=40"), get("/aitp/stats?protocol=false")]);
     totalsLine(stats);
-    const key = JSON.stringify([feed.cursor, feed.auctions.map((a) => a.state), nodes, timeline.buckets, timeline.nodes]);
+    offerChoices(nodes, stats);
+    const key = JSON.stringify([query.toString(), feed.cursor, feed.older, feed.problems,
+      (feed.auctions || []).map((a) => a.state), nodes, timeline.buckets, timeline.nodes]);
     if (key === shown) return;
     shown = key;
-    for (const n of [...nodes].map((n) => n.name).sort()) colorOf(n);
-    const auctions = feed.auctions;
+    for (const n of [...timeline.nodes, ...nodes.map((n) => n.name)].sort()) colorOf(n);
+    const filtered = FILTER_KEYS.some((k) => params.get(k));
+    let list;
+    if (feed.problems) {
+      list = [filterProblem(feed.problems)];
+    } else {
+      const auctions = feed.auctions;
+      list = [termLegend(auctions),
+        auctions.length ? auctions.map(auctionCard) : h("p", {class: "muted"}, filtered
+          ? "No auction matches these filters."
+          : "No auction has closed yet: submit a task (POST /aitp/tasks, or .delay() in your app)."),
+        pager(params, feed)];
+    }
     document.getElementById("main").replaceChildren(
       h("div", {class: "columns"},
         h("section", {class: "feed", id: "auctions"},
-          h("h2", {}, "Auctions as they close ", h("span", {class: "muted"}, "(newest first)")),
+          h("h2", {}, params.get("before") ? "Older auctions " : "Auctions as they close ",
+            h("span", {class: "muted"}, filtered ? "(newest first, filtered)" : "(newest first)")),
           h("p", {class: "help"}, "Each line: the task (open it for every bid's score breakdown), ",
             "its strategy, the winner with its score and the time from announcement to award; ",
-            "below it, every node that answered, its score and what made it up."),
-          termLegend(auctions),
-          auctions.length ? auctions.map(auctionCard)
-            : h("p", {class: "muted"}, "No auction has closed yet: submit a task (POST /aitp/tasks, or .delay() in your app).")),
+            "below it, every node that answered, its score and what made it up. ",
+            "The filters above and \u201colder\u201d below page back through every auction in the store."),
+          activeFilters(params),
+          list),
         h("section", {class: "side"},
           h("h2", {}, "Nodes"), nodesTable(nodes),
           h("h2", {}, "Assignments per node"), chart(timeline),
@@ -310,8 +473,9 @@
 
   // --- the task view ------------------------------------------------------------------------
 
-  function bidsTable(ex) {
-    const bids = sortedBids(ex.bids.filter((b) => b.attempt === ex.attempt));
+  // Attempt n's bids (each attempt is an auction of its own).
+  function bidsTable(ex, n) {
+    const bids = sortedBids(ex.bids.filter((b) => b.attempt === n));
     const scale = Math.max(1, ...bids.map((b) => b.score || 0));
     const rows = bids.map((b) => {
       const eligible = b.will_bid && !b.late && (b.breakdown || {}).eligible !== false;
@@ -346,6 +510,48 @@
       h("ul", {class: "why-list"}, ex.why.map((w) => h("li", {}, w))));
   }
 
+  // 0-9, higher is more urgent; the named levels as the API takes them.
+  const PRIORITY_NAMES = {8: "high", 5: "normal", 2: "low"};
+  function priorityLabel(p) {
+    return p in PRIORITY_NAMES ? `${p} (${PRIORITY_NAMES[p]})` : String(p);
+  }
+
+  // Every attempt the task had, oldest first: the attempts the log, the bids and the task
+  // itself name.
+  function attemptNumbers(ex) {
+    const seen = new Set([ex.attempt, ...ex.attempts.map((a) => a.attempt),
+      ...ex.bids.map((b) => b.attempt), ...ex.messages.map((m) => m.attempt)]);
+    return [...seen].filter((n) => n >= 1).sort((a, b) => a - b);
+  }
+
+  // How an earlier attempt's auction closed, from its own messages: its winner and score
+  // (and any re-award), or why none won.
+  function pastVerdict(ex, n) {
+    const mine = ex.messages.filter((m) => m.attempt === n);
+    const award = mine.find((m) => m.kind === "AWARDED");
+    const none = mine.find((m) => m.kind === "NO_AWARD");
+    const moved = mine.filter((m) => m.kind === "REAWARDED" && m.node);
+    const summary = ex.attempts.find((a) => a.attempt === n);
+    const line = award
+      ? h("p", {class: "winner-line"}, "Winner: ", nodeTag(award.node), " with score ",
+          h("b", {class: "score"}, num(award.detail.score)),
+          moved.length ? [" \u2192 re-awarded to ", moved.map((m) => nodeTag(m.node))] : null)
+      : h("p", {class: "winner-line bad"}, none ? `No winner: ${none.detail.error || ""}` : "No award recorded");
+    return h("div", {class: "verdict past"}, line,
+      summary ? h("p", {class: "muted"}, `then: ${summary.outcome}`,
+        summary.error ? `: ${summary.error}` : "", summary.then ? `; ${summary.then}` : "") : null);
+  }
+
+  // Each attempt's auction: the current one with why its winner won, the earlier ones with
+  // their winner; each with its bids.
+  function attemptSections(ex) {
+    const numbers = attemptNumbers(ex);
+    return numbers.reverse().map((n) => h("article", {class: "attempt", "data-attempt": n},
+      numbers.length > 1 ? h("h4", {}, `Attempt ${n}`, n === ex.attempt ? " (the latest)" : "") : null,
+      n === ex.attempt ? verdict(ex) : pastVerdict(ex, n),
+      bidsTable(ex, n)));
+  }
+
   function auctionSection(ex, heading) {
     const attempts = ex.attempts.length > 1
       ? h("div", {}, h("h3", {}, "Attempts"), h("ol", {class: "attempts"}, ex.attempts.map((a) =>
@@ -356,13 +562,14 @@
       heading,
       h("p", {class: "facts"},
         h("span", {}, "strategy ", h("b", {}, ex.strategy)),
+        h("span", {}, "priority ", h("b", {}, priorityLabel(ex.priority))),
         h("span", {}, "required skills ", h("b", {}, ex.required_skills.join(", ") || "-")),
         h("span", {}, "preferred node ", h("b", {}, ex.preferred_node || "-")),
         h("span", {}, "candidates ", ex.candidates.length
           ? ex.candidates.flatMap((c, i) => (i ? [", ", nodeTag(c)] : [nodeTag(c)])) : "-"),
+        h("span", {}, "state ", stateBadge(ex.state)),
         ex.attempt > 1 ? h("span", {}, "attempt ", h("b", {}, ex.attempt)) : null),
-      verdict(ex),
-      bidsTable(ex),
+      attemptSections(ex),
       attempts,
       h("details", {}, h("summary", {}, `Message log (${ex.messages.length})`),
         h("ol", {class: "log"}, ex.messages.map((m) => h("li", {},
@@ -380,7 +587,8 @@
         return h("tr", {"data-step": s.step_id},
           h("td", {}, ex ? taskLink(s.task_id, s.step_id) : s.step_id),
           h("td", {}, s.name), h("td", {}, s.agent_capability),
-          h("td", {class: `state s-${s.status}`}, s.status),
+          h("td", {}, ex ? stateBadge(ex.state)
+            : stateBadge(stateOf(s.status), s.status === "CANCELLED" ? "never started: an earlier step failed" : null)),
           h("td", {}, s.agent_id ? nodeTag(s.agent_id) : "-"),
           h("td", {class: "num"}, num(ex ? ex.winning_score : null)),
           h("td", {class: "num"}, num(s.cost, 4)),
@@ -417,8 +625,7 @@
     const head = h("div", {class: "task-head"},
       h("h2", {}, graph ? "Task graph " : "Task ", h("code", {}, id)),
       h("p", {class: "facts"},
-        h("span", {}, "status ", h("b", {class: `s-${state.status}`}, state.status),
-          state.state !== state.status ? ` (${state.state})` : ""),
+        h("span", {}, "state ", stateBadge(graph ? stateOf(state.status) : state.state)),
         graph ? h("span", {}, `step ${state.current_step} of ${state.progress.total_steps}, `,
           `${state.progress.percent_complete}% done`) : null,
         h("span", {}, `cost so far ${num(state.cost_so_far, 4)}`)));
@@ -446,12 +653,17 @@
   async function tick() {
     clearTimeout(timer);
     const id = fragment().get("task");
+    document.getElementById("filters").hidden = Boolean(id);
     try {
       if (id) await drawTask(id); else await drawHome();
       document.getElementById("token-form").hidden = true;
       setStatus(`live \u00b7 updated ${clock(Date.now() / 1000)}`, "good");
     } catch (e) {
-      if (e instanceof NeedsToken) { askForToken(); return; }   // no polling until a token
+      if (e instanceof NeedsToken) {   // no polling until a token
+        document.getElementById("filters").hidden = true;
+        askForToken();
+        return;
+      }
       setStatus(`cannot read the API: ${e.message}`, "bad");
     }
     timer = setTimeout(tick, POLL_MS);
@@ -462,7 +674,11 @@
     sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
     tick();
   });
-  window.addEventListener("hashchange", () => { takeToken(); shown = ""; tick(); });
+  document.getElementById("filters").addEventListener("submit", applyFilters);
+  window.addEventListener("hashchange", () => {
+    takeToken(); fillFilters(fragment()); shown = ""; tick();
+  });
   takeToken();
+  fillFilters(fragment());
   tick();
 })();

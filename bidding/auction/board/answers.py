@@ -46,14 +46,16 @@ def bid_values(answer: Answer, *, late: bool = False) -> dict[str, Any]:
         "experience": None, "load": None, "confidence": None, "cost": None,
         "latency_ms": None, "trust": None, "payload": answer.model_dump(mode="json"),
         "score": None, "breakdown": {}, "is_winner": False, "late": late,
-        "bid_at": answer.bid_at,
+        "bid_at": answer.bid_at, "estimated_cost": None, "estimated_duration_s": None,
     }
     if isinstance(answer, Refusal):
         values["reason"] = answer.reason
     else:
         values.update(capability=answer.capability, experience=answer.experience,
                       load=answer.load, confidence=answer.confidence, cost=answer.cost,
-                      latency_ms=answer.latency_ms, trust=answer.trust)
+                      latency_ms=answer.latency_ms, trust=answer.trust,
+                      estimated_cost=answer.estimated_cost,
+                      estimated_duration_s=answer.estimated_duration_s)
     return values
 
 

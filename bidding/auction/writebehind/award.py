@@ -10,7 +10,8 @@ from dataclasses import replace
 import redis
 
 from bidding.auction.award import PROXY_CLOSE, Closing, decide_award, strategy_of
-from bidding.auction.history import lock_states
+from bidding.auction.history import lock_states, read_rooms
+from bidding.auction.placement import placed
 from bidding.auction.proxy import answers_inside
 from bidding.auction.refused import reason_of
 from bidding.auction.reserve import AGAIN, Again, reserve
@@ -69,6 +70,9 @@ def award_behind(ctx: Context, announcement: Announcement,
                 for name, state in known.items()
             }
             answers = list(inside.make(session, known))
+            # Without the journal's own reservations: they carry no resources (a node's
+            # start still never over-commits, ``execution.room``).
+            rooms = read_rooms(session, bidders) if placed(announcement) else None
         counts = {name: state.in_flight for name, state in known.items()}
         award = decide_award(
             ctx.settings,
@@ -78,6 +82,7 @@ def award_behind(ctx: Context, announcement: Announcement,
             counts,
             Closing(PROXY_CLOSE, len(nodes)),
             extra_load=held,
+            rooms=rooms,
         )
         expect = None
         if award.winner is not None and not last:

@@ -23,7 +23,9 @@ def run() -> None:
             context.run_migrations()
         return
     assert url, "set sqlalchemy.url or pass a connection"
-    engine = create_engine(url)
+    from bidding.store.engine import pooler_connect_args
+
+    engine = create_engine(url, connect_args=pooler_connect_args(url))
     with engine.connect() as conn:
         context.configure(connection=conn, target_metadata=target_metadata)
         with context.begin_transaction():
