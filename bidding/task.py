@@ -30,6 +30,7 @@ from celery.result import AsyncResult
 from celery.signals import task_internal_error, task_revoked
 
 from bidding import clock, tracing
+from bidding.auction.alarm import announce_at
 from bidding.auction.announce import announce
 from bidding.auction.announcement import arguments_json, build_announcement, check_options
 from bidding.auction.celery_options import merge_priority, refuse_steering
@@ -141,7 +142,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if running is not None and task_id == running.task_id:
             # Refused here, as a new call's are.
             arguments_json(self.name, args, kwargs, settings.max_arguments_bytes)
-            execution.retry_requested(settings, running, delay, args, kwargs)
+            if execution.retry_requested(settings, running, delay, args, kwargs):
+                announce_at(Context(settings, self.app), task_id, clock.now() + delay)
             return AsyncResult(task_id, app=self.app)
         refuse_steering(self.name, options)
         defaults = dict(self.bidding or {})
@@ -318,6 +320,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         )
         history_changed(Context(settings, self.app), run.node)
         if verdict.retry_in is not None:
+            # On time, though the sweeper may be idling a second between passes.
+            announce_at(Context(settings, self.app), run.task_id,
+                        clock.now() + verdict.retry_in)
             raise Retry(exc=exc, when=verdict.retry_in) from exc
         self._ended(plugins, run.task_id)
         if verdict.error is not None:

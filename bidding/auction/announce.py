@@ -9,6 +9,7 @@ backoff and a deferred task are announced by a sweeper when they come due (``ann
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from celery.result import AsyncResult
 from sqlalchemy import bindparam, select
@@ -187,17 +188,27 @@ _DUE = (
 )
 
 
+#: The same, for some tasks only (``alarm``: the retries one process scheduled).
+_DUE_OF = _DUE.where(AnnouncementRow.task_id.in_(bindparam("ids", expanding=True)))
+
+
 def announce_due(
-    ctx: Context, now: float | None = None, limit: int = 100
+    ctx: Context, now: float | None = None, limit: int = 100,
+    task_ids: Sequence[str] | None = None,
 ) -> int:
-    """Announce every task whose scheduled start, retry backoff or deferral has come.
+    """Announce every task whose scheduled start, retry backoff or deferral has come (or
+    only those of ``task_ids`` among them).
 
     One task at a time: one that fails (an announcement this version cannot read) must not
     stop the others; it stays the first due, so it is counted, and parked if it keeps
     failing (``lifecycle.parking``)."""
     now = clock.now() if now is None else now
     with read_session(ctx.settings.database_url) as session:
-        due = session.execute(_DUE, {"now": now, "limit": limit}).all()
+        if task_ids is None:
+            due = session.execute(_DUE, {"now": now, "limit": limit}).all()
+        else:
+            due = session.execute(_DUE_OF, {"now": now, "limit": limit,
+                                            "ids": list(task_ids)}).all()
     opened = 0
     tally = parking.Tally("announcer")
     for spec, *read in due:

@@ -131,7 +131,8 @@ def running_cluster(database_url: str, directory: Path, backend: str,
                     nodes: Mapping[str, list[str]] = NODES,
                     profiles: dict[str, str] | None = None,
                     prefix: Mapping[str, list[str]] | None = None,
-                    capacity: int | None = None) -> Iterator[Cluster]:
+                    capacity: int | None = None,
+                    app_module: str = "tests.integration.app") -> Iterator[Cluster]:
     """Start the three nodes (or ``nodes``: name -> skills) against ``broker`` and the store
     at ``database_url``.
 
@@ -139,6 +140,7 @@ def running_cluster(database_url: str, directory: Path, backend: str,
     ``profiles``: more TOML lines for a node's profile, by node name.
     ``prefix``: a command a node's worker runs under, by node name (another clock, a host).
     ``capacity``: every node's capacity, and its workers' pool processes (else 4, and 2).
+    ``app_module``: the nodes' ``-A`` (a module that imports this one's app and adds to it).
     Its announcers ask the nodes for bids (``bidding_bid_mode = "ask"``) unless ``extra_env``
     says otherwise: the test nodes all bid with the built-in function, so under the default,
     "auto", every auction would be proxied, and the tests of the asking path (the bid
@@ -163,7 +165,7 @@ def running_cluster(database_url: str, directory: Path, backend: str,
     settings = get_settings(app)
     upgrade(database_url)
     federation = Federation(
-        app="tests.integration.app",
+        app=app_module,
         env={"BIDDING_DATABASE_URL": database_url, "BIDDING_IT_BROKER": broker,
              "BIDDING_IT_BACKEND": result_backend or broker, "BIDDING_IT_COUNTERS": COUNTERS,
              "BIDDING_HEARTBEAT_INTERVAL": "1", "PYTHONPATH": str(ROOT), **extra_env},

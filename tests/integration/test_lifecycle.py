@@ -221,14 +221,15 @@ def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delay
     assert value["attempts"] == 3
     tried = [n.decode() for n in nodes.counters.lrange(f"nodes:{key}", 0, -1)]
     assert len(tried) == 3 and len(set(tried)) == 3, tried
-    # and the new auctions came after the policy's delays: 0.5 s, then 1.0 s
+    # and the new auctions came after the policy's delays, on time: 0.5 s, then 1.0 s (the
+    # failing node announces each at its time; an idle sweeper passes only once a second)
     log = messages(nodes, result.id)
     retried = [m for m in log if m.kind == "RETRYING"]
     assert [m.detail["delay_s"] for m in retried] == [0.5, 1.0]
     announced = {m.attempt: m.at for m in log if m.kind == "ANNOUNCED"}
     for m in retried:
         waited = announced[m.detail["next_attempt"]] - m.at
-        assert m.detail["delay_s"] - 0.01 <= waited <= m.detail["delay_s"] + 0.8, waited
+        assert m.detail["delay_s"] - 0.01 <= waited <= m.detail["delay_s"] + 0.4, waited
     assert bidding.explain(result.id, app=nodes.app).state == "SUCCESS"
 
 

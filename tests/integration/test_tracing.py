@@ -1,9 +1,9 @@
 """Traces through real node workers, in a pytest process of their own.
 
-The flow (``tracing_flow.py``) runs its two node workers as threads of the process that runs
-it, with a tracer provider and Celery's instrumentation installed: process-wide state (Celery's
-worker flags, OpenTelemetry's provider, the workers' background threads) that other modules of
-a shared test process must neither see nor leave behind for it.
+The flow (``tracing_flow.py``) starts two ``bidding worker`` processes that send their spans
+to a file, and installs a tracer provider and Celery's instrumentation in the process that
+runs it, as the caller: process-wide state that the other modules of a shared test process
+must neither see nor leave behind for it.
 """
 
 from __future__ import annotations

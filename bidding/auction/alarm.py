@@ -1,0 +1,97 @@
+"""Announce on time the retries this process scheduled.
+
+A retry's backoff ends at a time the node that failed knows. The sweeper announces due tasks at
+its passes of ``announce_due``, and an idle federation's sweeper makes those once a second
+(``sweeper.IDLE_INTERVAL``): alone, it would turn a 0.5 s backoff into anything up to 1.25 s.
+So the process that scheduled a retry also sets an alarm for it: one daemon thread per process
+keeps the times and, at each, announces the tasks then due among those it was given.
+
+The sweeper stays the fallback (this process killed or recycled before its alarm rings, the
+store unreachable then): an announcement is a compare-and-set on the task's row, so the alarm
+and the sweeper never announce one attempt twice. A retry further away than ``HORIZON`` gets no
+alarm: a second next to minutes of backoff is noise, and the thread holds no far future.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Callable
+
+from bidding import clock
+from bidding.auction.announce import announce_due
+from bidding.context import Context
+
+logger = logging.getLogger(__name__)
+
+#: Retries due further away than this many seconds are left to the sweeper.
+HORIZON = 60.0
+
+#: What an alarm does when it rings: announce these tasks if they are due (``announce_due``).
+Announcer = Callable[[Context, list[str]], object]
+
+
+def _announce(ctx: Context, task_ids: list[str]) -> object:
+    return announce_due(ctx, task_ids=task_ids)
+
+
+class Alarm:
+    """A heap of (time, task) and the one thread that wakes for each; started on first use,
+    and again in a forked child (a prefork pool's process does not inherit the thread)."""
+
+    def __init__(self, announce: Announcer = _announce) -> None:
+        self.announce = announce
+        self._due: list[tuple[float, int, str, Context]] = []
+        self._order = itertools.count()
+        self._changed = threading.Condition()
+        self._pid: int | None = None
+
+    def set(self, ctx: Context, task_id: str, at: float) -> bool:
+        """Announce ``task_id`` at ``at`` (the store's clock, ``clock.now()``), if due then.
+        False when it is beyond ``HORIZON`` (the sweeper's)."""
+        if at - clock.now() > HORIZON:
+            return False
+        with self._changed:
+            if self._pid != os.getpid():
+                self._due.clear()  # a parent's alarms are its own to ring
+                self._pid = os.getpid()
+                threading.Thread(target=self._ring, name="bidding-retry-alarm",
+                                 daemon=True).start()
+            heapq.heappush(self._due, (at, next(self._order), task_id, ctx))
+            self._changed.notify()
+        return True
+
+    def pending(self) -> int:
+        """Alarms not rung yet."""
+        with self._changed:
+            return len(self._due)
+
+    def _ring(self) -> None:
+        while True:
+            with self._changed:
+                while not self._due or self._due[0][0] > clock.now():
+                    self._changed.wait(None if not self._due
+                                       else max(0.0, self._due[0][0] - clock.now()))
+                now = clock.now()
+                ringing: dict[int, tuple[Context, list[str]]] = {}
+                while self._due and self._due[0][0] <= now:
+                    _, _, task_id, ctx = heapq.heappop(self._due)
+                    ringing.setdefault(id(ctx), (ctx, []))[1].append(task_id)
+            for ctx, task_ids in ringing.values():
+                try:
+                    self.announce(ctx, task_ids)
+                except Exception as exc:  # the sweeper announces them at its next pass
+                    logger.warning("announcing retries %s at their time failed (%s); the "
+                                   "sweeper will", ", ".join(task_ids), exc)
+
+
+#: This process's alarm.
+ALARM = Alarm()
+
+
+def announce_at(ctx: Context, task_id: str, at: float) -> bool:
+    """Set this process's alarm: announce ``task_id`` at ``at`` if it is due then."""
+    return ALARM.set(ctx, task_id, at)
