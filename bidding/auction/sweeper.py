@@ -18,8 +18,9 @@ finished more than ``bidding_retention_days`` ago (``lifecycle.retention``).
 All of it is driven by the store, so a lost message or a broker restart cannot leave a task
 without a final state. Every phase reads the whole federation's due work, so one node sweeps:
 the holder of the sweeper lease (``lifecycle.lease``), renewed every heartbeat interval; the
-others look at it as often and take it over when it lapses (its holder killed, or without its
-broker). Two sweeping at once for a moment is harmless: the transitions are compare-and-sets.
+others read it when it could have lapsed (at most every half TTL) and take it over when it has
+(its holder killed, or without its broker). Two sweeping at once for a moment is harmless:
+the transitions are compare-and-sets.
 A phase that keeps finding nothing slows down to ``IDLE_INTERVAL`` (an idle federation costs
 a few statements a second, however many nodes it has). On the holder each phase runs on a loop
 of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
@@ -36,6 +37,7 @@ from collections.abc import Callable
 
 from celery import Celery
 
+from bidding import clock
 from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.expiry import end_expired
@@ -106,6 +108,8 @@ class Sweeper:
         self.holder = holder or f"{socket.gethostname()}:{os.getpid()}"
         #: Whether this node sweeps the federation now (holds the lease).
         self.leading = False
+        #: Until when the lease this node last saw runs (None: not seen, or nobody's).
+        self.lease_until: float | None = None
         #: Passes in a row that found nothing, by phase.
         self.empty: dict[str, int] = {name: 0 for name in PHASES}
         self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
@@ -137,24 +141,33 @@ class Sweeper:
         return [self._lease_loop, *self.sweeping, *self.own]
 
     def lease_interval(self) -> float:
-        """Seconds between two looks at the lease (a heartbeat interval)."""
-        return self.settings.heartbeat_interval
+        """Seconds until the next look at the lease: a heartbeat interval for its holder (the
+        renewal); for a node standing by, until the holder's lease could lapse, at most half
+        a heartbeat TTL (a holder that stops cleanly gives it up early) and at least a
+        heartbeat interval. So a standby reads the lease every 5 s at the defaults, and takes
+        it over from a holder that died within the TTL (not a look later)."""
+        interval, ttl = self.settings.heartbeat_interval, self.settings.heartbeat_ttl
+        if self.leading or self.lease_until is None:
+            return interval
+        return min(max(self.lease_until - clock.now(), interval), max(ttl / 2, interval))
 
     def interval(self, phase: str) -> float:
         """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
         return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0))
 
     def hold_lease(self) -> bool:
-        """Take or renew the sweeper lease for a heartbeat TTL; start or stop the sweeping
-        loops when that changes, and say so."""
+        """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
+        it lapses); start or stop the sweeping loops when that changes, and say so."""
         try:
-            held = lease.hold(self.settings.database_url, self.holder,
+            seen = lease.look(self.settings.database_url, self.holder,
                               self.settings.heartbeat_ttl)
         except Exception:
+            self.lease_until = None
             self._lead(False)  # the store unreachable: another node may sweep meanwhile
             raise
-        self._lead(held)
-        return held
+        self.lease_until = seen.until
+        self._lead(seen.held)
+        return seen.held
 
     def _lead(self, held: bool) -> None:
         if held == self.leading:

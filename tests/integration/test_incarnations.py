@@ -164,3 +164,39 @@ def test_a_winner_that_could_start_a_task_and_does_not_loses_it(cluster: Cluster
         assert moved[1] == value["node"]
     finally:
         cluster.bury("idler")
+
+
+def sweeper_lease(cluster: Cluster) -> tuple[str, float]:
+    """Who holds the sweeper lease (a worker's Celery name, ``north@host``), and until when."""
+    from bidding.lifecycle.lease import SWEEPER
+    from bidding.store.schema import Job
+
+    with read_session(cluster.settings.database_url) as s:
+        job = s.get(Job, SWEEPER)
+        assert job is not None
+        return job.last_by, job.due_at
+
+
+def test_when_the_sweeping_node_is_killed_another_sweeps_within_the_lease_ttl(
+    cluster: Cluster,
+) -> None:
+    # given the node whose worker holds the federation's sweeper lease
+    holder, _ = sweeper_lease(cluster)
+    victim = next(name for name, worker in cluster.federation.nodes.items()
+                  if holder.split("@")[0] == name)
+    ttl = cluster.settings.heartbeat_ttl
+    # when it is killed (no clean stop: its lease is left to lapse), and a task is scheduled
+    # to start a second later (only a sweep announces it)
+    cluster.federation.kill(victim)
+    killed_at = time.time()
+    try:
+        result = shared.apply_async((7,), countdown=1, bidding={"task_type": fresh_type()})
+        # then another node's worker takes the lease once it lapses, within the TTL (a
+        # standby looks when it could lapse, not a look later)
+        assert wait_for(lambda: sweeper_lease(cluster)[0] != holder, timeout=ttl + 10)
+        assert time.time() - killed_at <= ttl + 2.5
+        # and sweeps: the scheduled task is announced and runs
+        assert result.get(timeout=ttl + 30)["value"] == 7
+    finally:
+        cluster.federation.restart(victim)
+        cluster.federation.wait_live(cluster.settings, [victim], timeout=60)

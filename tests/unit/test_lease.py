@@ -92,3 +92,45 @@ def test_a_phase_that_keeps_finding_nothing_slows_down_and_speeds_up_again() -> 
     # and work found is a count, or the watchdog's moved tasks
     assert sweeper.found_work(3) and sweeper.found_work((1, 4))
     assert not sweeper.found_work(0) and not sweeper.found_work((0, 4))
+
+
+def test_a_standby_only_reads_a_live_lease_and_takes_a_lapsed_one(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, now = settings.database_url, clock.now()
+    # given a lease held by a until now + 10
+    assert lease.look(url, "a@host", 10, now=now) == lease.Look(True, now + 10)
+    writes: list[str] = []
+    real_hold = lease.hold
+    monkeypatch.setattr(lease, "hold", lambda *a, **k: writes.append(a[1]) or real_hold(*a, **k))
+    # when b looks while it runs
+    seen = lease.look(url, "b@host", 10, now=now + 4)
+    # then b learns until when it runs, and writes nothing (no write lock for a standby)
+    assert seen == lease.Look(False, now + 10) and writes == []
+    # and a's own look renews it; b takes it once it has lapsed
+    assert lease.look(url, "a@host", 10, now=now + 5) == lease.Look(True, now + 15)
+    assert lease.look(url, "b@host", 10, now=now + 15.5) == lease.Look(True, now + 25.5)
+    assert writes == ["a@host", "b@host"]
+
+
+def test_a_standby_looks_again_when_the_lease_could_lapse_and_at_least_every_half_ttl(
+    settings: Settings,
+) -> None:
+    # given the defaults (heartbeat every 2 s, TTL 10 s) and a node's sweeper
+    defaults = settings.model_copy(update={"heartbeat_interval": 2.0, "heartbeat_ttl": 10.0})
+    node = sweeper.Sweeper(defaults, Celery("t", broker="memory://", set_as_current=False))
+    now = clock.now()
+    # then while it holds the lease it renews every heartbeat interval
+    node.leading, node.lease_until = True, now + 10
+    assert node.lease_interval() == 2.0
+    # and standing by, it looks when another's lease could lapse: at most every 5 s (a clean
+    # hand-over is seen within 5 s), at least every 2 s, and every 2 s while it knows none
+    node.leading = False
+    node.lease_until = now + 9.5
+    assert node.lease_interval() == pytest.approx(5.0)
+    node.lease_until = now + 3.5
+    assert 3.0 < node.lease_interval() <= 3.5
+    node.lease_until = now + 0.5
+    assert node.lease_interval() == 2.0
+    node.lease_until = None
+    assert node.lease_interval() == 2.0
