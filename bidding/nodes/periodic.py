@@ -87,9 +87,14 @@ class Periodic:
                                         daemon=True)
         self._thread.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the loop and wait for the current call to finish."""
+    def stop(self, timeout: float | None = None,
+             wake: Callable[[], object] | None = None) -> None:
+        """Stop the loop and wait for the current call to finish; ``wake`` (called once the
+        loop is told to stop) returns a call that blocks on something else than the loop's
+        own wait (a blocking pop)."""
         self._stop.set()
+        if wake is not None and self.running:
+            wake()
         if self._thread is not None:
             self._thread.join(timeout=self._interval() + 5 if timeout is None else timeout)
             self._thread = None

@@ -181,3 +181,26 @@ def test_a_node_answers_its_requests_on_its_listeners_thread_and_drops_an_unread
     assert consumers == [] and handed_over == []
     assert answered == [("t1", "bid-requests-a")]
     assert board.next_request("a", 0.05) is None
+
+
+def test_a_listener_waiting_for_requests_stops_at_once_and_leaves_the_next_request_waiting(
+    board: RedisBoard,
+) -> None:
+    # given node a's listener waiting for a request (a long blocking pop: an idle listener
+    # wakes rarely)
+    answered: list[str] = []
+    intake = board.consume_requests("a", answer_here=lambda r: answered.append(
+        r.announcement.task_id), hand_over=answered.append)
+    intake.start(None)
+    time.sleep(0.3)  # (in its blocking pop)
+    # when the node stops
+    began = time.monotonic()
+    intake.stop()
+    # then the listener returned at once, woken (not at the end of its wait), having
+    # answered nothing
+    assert time.monotonic() - began < 2.0
+    assert answered == []
+    # and a request sent afterwards waits for the node's next listener, the wake-up gone
+    board.send_requests(APP, [request("a", 1)], ttl=5.0)
+    assert pop(board, "a") == ("t1", 0)
+    assert board.next_request("a", 0.05) is None

@@ -69,6 +69,15 @@ for i = 1, #KEYS do
 end
 return #KEYS
 """
+#: Wakes a node's listener from its BRPOP at once (it stops): pushed on the popping end, so it
+#: comes before any waiting request; a list it creates expires (nobody may pop it).
+_WAKE = """
+redis.call('RPUSH', KEYS[1], ARGV[1])
+if redis.call('PTTL', KEYS[1]) < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 1
+"""
+#: What ``_WAKE`` pushes: no request (a listener that pops it pops again, or stops).
+WAKE = b"\x00wake"
 _CLOSE = """
 redis.call('HSET', KEYS[1], ARGV[2], '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
@@ -96,6 +105,7 @@ class RedisBoard:
         self._post_many = self.client.register_script(_POST_MANY)
         self._close = self.client.register_script(_CLOSE)
         self._request = self.client.register_script(_REQUEST)
+        self._wake = self.client.register_script(_WAKE)
 
     @property
     def redis(self) -> RedisConnections:
@@ -116,6 +126,12 @@ class RedisBoard:
         self._request(keys=[self.requests_key(r.node) for r in requests],
                       args=[int(ttl * 1000), *(r.to_json() for r in requests)])
 
+    def wake(self, node: str, *, ttl: float) -> None:
+        """Return ``node``'s listener from its wait for a request (``next_request`` returns
+        None); a wake-up nobody pops is gone after ``ttl`` seconds with its list, unless
+        requests keep the list longer."""
+        self._wake(keys=[self.requests_key(node)], args=[WAKE, int(ttl * 1000)])
+
     def next_request(self, node: str, timeout: float) -> BidRequest | None:
         """Wait up to ``timeout`` seconds for ``node``'s next bid request (oldest first),
         with the node's history version as it is when the request is taken: read in the same
@@ -125,7 +141,7 @@ class RedisBoard:
         pipe.brpop([self.requests_key(node)], timeout=max(timeout, 0.01))
         history_version.read_after(pipe, node)
         got, version = pipe.execute()
-        if got is None:
+        if got is None or got[1] == WAKE:
             return None
         return BidRequest.from_json(got[1], history_version=history_version.version_of(version))
 
@@ -193,8 +209,9 @@ class RequestListener:
     """Pops a node's bid requests from the Redis board and answers each with ``handle``, on
     a thread of its own."""
 
-    #: Seconds one BRPOP waits, so that ``stop`` is seen promptly.
-    POLL = 1.0
+    #: Seconds one BRPOP waits. ``stop`` wakes it (``wake``), so the wait is long: each return
+    #: of an idle listener costs CPU, and a federation of idle nodes pays it per node.
+    POLL = 5.0
     #: Seconds before popping again after Redis failed (the broker restarts).
     RETRY = 1.0
 
@@ -215,7 +232,15 @@ class RequestListener:
 
     def stop(self) -> None:
         """Stop listening; a request being popped is still handed over."""
-        self._loop.stop(timeout=self.POLL * 4)
+        self._loop.stop(timeout=self.POLL * 4, wake=self.wake)
+
+    def wake(self) -> None:
+        """Return the listener from its wait now (another worker of the node may pop the
+        wake-up instead: this one then returns within ``POLL``)."""
+        try:
+            self.board.wake(self.node, ttl=self.POLL * 4)
+        except Exception as exc:  # Redis down: the pop fails or returns within POLL anyway
+            logger.debug("waking the bid-request listener of %s failed: %s", self.node, exc)
 
     def _pop(self) -> None:
         try:
