@@ -67,13 +67,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--pool", choices=["solo", "prefork"], default="solo",
                         help="worker pool of nodes and plain worker, concurrency 1 (default "
                              "solo: one process per node)")
-    parser.add_argument("--sweep-interval", type=float, default=2.0,
-                        help="BIDDING_SWEEP_INTERVAL of the nodes (default 2; the library's "
-                             "default 0.2 costs about 2%% of a core per idle node)")
-    parser.add_argument("--heartbeat-interval", type=float, default=5.0,
-                        help="BIDDING_HEARTBEAT_INTERVAL (default 5; ttl is 6x)")
-    parser.add_argument("--candidate-cap", type=int, default=None,
-                        help="BIDDING_CANDIDATE_CAP (default: the library's, 8)")
+    parser.add_argument("--sweep-interval", type=float, default=None,
+                        help="BIDDING_SWEEP_INTERVAL of the nodes (default: the library's; "
+                             "one node sweeps, and slows down while idle)")
+    parser.add_argument("--heartbeat-interval", type=float, default=None,
+                        help="BIDDING_HEARTBEAT_INTERVAL (default: the library's; given, the "
+                             "ttl is 6x, at least 10 s)")
+    parser.add_argument("--candidate-cap", default=None,
+                        help="BIDDING_CANDIDATE_CAP (default: the library's, \"auto\")")
     parser.add_argument("--bid-modes", default="auto,mixed",
                         help="bidding_bid_mode(s) of the caller (auto, ask, proxy), each "
                              "measured against the same nodes and plain baseline; mixed: auto "

@@ -79,11 +79,14 @@ class Backend:
         env = {
             "BENCH_BROKER": url,
             "BIDDING_DATABASE_URL": db_url,
-            "BIDDING_SWEEP_INTERVAL": str(args.sweep_interval),
-            "BIDDING_HEARTBEAT_INTERVAL": str(args.heartbeat_interval),
-            "BIDDING_HEARTBEAT_TTL": str(max(10.0, 6 * args.heartbeat_interval)),
             "PYTHONPATH": os.pathsep.join(dict.fromkeys([str(self.source), str(ROOT)])),
         }
+        # The library's defaults unless a setting is given (the report says which were).
+        if args.sweep_interval is not None:
+            env["BIDDING_SWEEP_INTERVAL"] = str(args.sweep_interval)
+        if args.heartbeat_interval is not None:
+            env["BIDDING_HEARTBEAT_INTERVAL"] = str(args.heartbeat_interval)
+            env["BIDDING_HEARTBEAT_TTL"] = str(max(10.0, 6 * args.heartbeat_interval))
         if args.candidate_cap is not None:
             env["BIDDING_CANDIDATE_CAP"] = str(args.candidate_cap)
         # The caller's app reads the same settings as the workers, from this environment.

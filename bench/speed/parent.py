@@ -26,13 +26,14 @@ def child_command(args: argparse.Namespace, script: Path, backend: str, json_pat
            "--burst-nodes", args.burst_nodes, "--profile-nodes", args.profile_nodes,
            "--profile-samples", str(args.profile_samples),
            "--spy-rate", str(args.spy_rate), "--pool", args.pool,
-           "--sweep-interval", str(args.sweep_interval),
-           "--heartbeat-interval", str(args.heartbeat_interval),
            "--bid-modes", args.bid_modes, "--redis-url", args.redis_url,
            "--announcers", args.announcers, "--registered", str(args.registered),
            "--source", str(source)]
-    if args.candidate_cap is not None:
-        cmd += ["--candidate-cap", str(args.candidate_cap)]
+    for option, value in (("--sweep-interval", args.sweep_interval),
+                          ("--heartbeat-interval", args.heartbeat_interval),
+                          ("--candidate-cap", args.candidate_cap)):
+        if value is not None:
+            cmd += [option, str(value)]
     if args.store:
         cmd += ["--store", args.store]  # the child makes the scratch PostgreSQL store
     return cmd
