@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 BENCH_DIR = Path(__file__).absolute().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").absolute() != BENCH_DIR]
@@ -119,8 +121,46 @@ def sample(count: int, mains: list[int], seconds: float,
     }
 
 
+def thread_cpu(mains: list[int], seconds: float) -> dict[str, float]:
+    """CPU (% of a core) over ``seconds`` of every thread of the processes ``mains``,
+    summed by thread name (``py-spy dump`` names them; a node's name and numbers in a name
+    are dropped, so that the 16 nodes' heartbeats are one line). Threads py-spy cannot name
+    (Celery's, before they run Python) count as "(unnamed)"."""
+    spy = Path(sys.executable).with_name("py-spy")
+    names: dict[tuple[int, int], str] = {}
+    for pid in mains:
+        dump = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True,
+                              text=True, timeout=30).stdout
+        for line in dump.splitlines():
+            if line.startswith("Thread ") and '"' in line:
+                tid = int(line.split()[1], 0)
+                names[(pid, tid)] = line.split('"')[1]
+
+    def ticks() -> dict[tuple[int, int], float]:
+        out = {}
+        for pid in mains:
+            for task in Path(f"/proc/{pid}/task").iterdir():
+                with contextlib.suppress(OSError):
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                    out[(pid, int(task.name))] = (int(fields[11]) + int(fields[12])) / TICKS
+        return out
+
+    before = ticks()
+    started = time.monotonic()
+    time.sleep(seconds)
+    took = time.monotonic() - started
+    after = ticks()
+    by_name: dict[str, float] = {}
+    for key, used in after.items():
+        name = names.get(key, "(unnamed)")
+        name = re.sub(r"idle-\d+", "NODE", name)
+        name = re.sub(r"\d+", "N", name)
+        by_name[name] = by_name.get(name, 0.0) + 100 * (used - before.get(key, 0.0)) / took
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1]))
+
+
 def measure(nodes: int, seconds: float, store: str, directory: Path,
-            worker_args: tuple[str, ...] = ()) -> dict[str, float]:
+            worker_args: tuple[str, ...] = (), threads: bool = False) -> dict[str, Any]:
     """Start ``nodes`` idle node workers and measure them for ``seconds``."""
     admin = sa.create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
     database = ""
@@ -142,12 +182,16 @@ def measure(nodes: int, seconds: float, store: str, directory: Path,
         federation.wait_live(Settings(database_url=url), timeout=120)
         time.sleep(10)  # warm-up: imports done, first sweeps and heartbeats past
         mains = [n.process.pid for n in federation.nodes.values()]
+        row: dict[str, Any]
         if not database:
-            return sample(nodes, mains, seconds)
-        xact0 = transactions(admin, database)
-        row = sample(nodes, mains, seconds, server_pids(admin, database))
-        row["transactions_per_s"] = (transactions(admin, database) - xact0) / row["seconds"]
-        row["connections"] = len(server_pids(admin, database))
+            row = sample(nodes, mains, seconds)
+        else:
+            xact0 = transactions(admin, database)
+            row = sample(nodes, mains, seconds, server_pids(admin, database))
+            row["transactions_per_s"] = (transactions(admin, database) - xact0) / row["seconds"]
+            row["connections"] = len(server_pids(admin, database))
+        if threads:
+            row = {**row, "threads": thread_cpu(mains, seconds)}
         return row
     finally:
         federation.stop()
@@ -200,6 +244,9 @@ def main() -> None:
     parser.add_argument("--worker-args", default="",
                         help="more arguments for every `bidding worker` (a setting that "
                              "differs from the defaults: say so with the figures)")
+    parser.add_argument("--threads", action="store_true",
+                        help="then, over as many seconds again, the nodes' main processes' "
+                             "CPU per thread (named with py-spy, which must be installed)")
     parser.add_argument("--plain", action="store_true",
                         help="also measure as many idle plain Celery workers of the same shape "
                              "(the baseline: what Celery itself costs idle)")
@@ -209,7 +256,8 @@ def main() -> None:
         for n in args.nodes.split(","):
             rows.append({"kind": "bidding", **measure(int(n), args.seconds, args.store,
                                                       Path(folder),
-                                                      tuple(args.worker_args.split()))})
+                                                      tuple(args.worker_args.split()),
+                                                      args.threads)})
             if args.plain:
                 rows.append({"kind": "plain", **measure_plain(int(n), args.seconds,
                                                             Path(folder))})
@@ -222,6 +270,12 @@ def main() -> None:
               f"{r['cpu_server_pct']:>8.1f} {r['rss_main_mb']:>11.0f} {r['rss_main_max_mb']:>5.0f} "
               f"{r['rss_pool_mb']:>11.0f} "
               f"{r['connections']:>5} {r['transactions_per_s']:>7.1f}")
+    for r in rows:
+        if "threads" in r:
+            print(f"per thread, {r['nodes']} nodes' main processes (% of a core):")
+            for name, pct in r["threads"].items():
+                if pct >= 0.05:
+                    print(f"  {pct:5.2f}  {name}")
     print(json.dumps(rows))
 
 

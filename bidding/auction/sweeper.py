@@ -21,8 +21,9 @@ the holder of the sweeper lease (``lifecycle.lease``), renewed every heartbeat i
 others read it when it could have lapsed (at most every half TTL) and take it over when it has
 (its holder killed, or without its broker). Two sweeping at once for a moment is harmless:
 the transitions are compare-and-sets.
-A phase that keeps finding nothing slows down to ``IDLE_INTERVAL`` (an idle federation costs
-a few statements a second, however many nodes it has). On the holder each phase runs on a loop
+A phase that keeps finding nothing slows down to ``IDLE_INTERVAL``, or ``FAULT_IDLE_INTERVAL``
+for those that handle faults (an idle federation costs a few statements a second, however many
+nodes it has). On the holder each phase runs on a loop
 of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
 a lock) cannot stop the others.
 """
@@ -57,8 +58,19 @@ logger = logging.getLogger(__name__)
 #: starts to double from ``bidding_sweep_interval``, up to ``IDLE_INTERVAL`` seconds; the first
 #: pass that finds work brings it back. An idle federation's store then sees a few sweeps a second,
 #: and work that arrives waits at most ``IDLE_INTERVAL`` for its first sweep (auctions close on
-#: their last answer, and tasks start on their award: a sweep is their fallback).
+#: their last answer, tasks start on their award, and retries are announced by the process
+#: that failed them, ``alarm``: a sweep is their fallback).
 IDLE_INTERVAL = 1.0
+#: The phases whose work is a fault's, or comes long after the sweep could have seen it, slow
+#: down further while idle: a lost winner is found once its node's heartbeat TTL has passed,
+#: outcomes are reported from the store when the result backend missed them, graphs nobody
+#: moved are advanced, expired tasks ended. Each wake of an idle phase costs its node CPU
+#: (bench/idle.py --threads); a task scheduled to start (announce_due) or an auction whose
+#: candidates stay silent (close_expired) keeps ``IDLE_INTERVAL``.
+FAULT_IDLE_INTERVAL = 3.0
+#: Phases that idle at ``FAULT_IDLE_INTERVAL`` (the others at ``IDLE_INTERVAL``).
+SLOW_WHEN_IDLE = frozenset({"end_expired", "report_results", "check_winners",
+                            "bidding-sweeper-advance_idle"})
 
 
 def sweep(ctx: Context) -> int:
@@ -77,11 +89,11 @@ def sweep(ctx: Context) -> int:
     return check_winners(ctx)[1]
 
 
-def idle_interval(base: float, empty_passes: int) -> float:
+def idle_interval(base: float, empty_passes: int, longest: float = IDLE_INTERVAL) -> float:
     """A phase's seconds between passes after ``empty_passes`` that found nothing in a row:
-    ``base`` until ``IDLE_PASSES``, then doubling up to ``IDLE_INTERVAL`` (never below
-    ``base``: a slower configured sweep stays as slow)."""
-    return idle_pause(base, empty_passes, IDLE_INTERVAL)
+    ``base`` until ``IDLE_PASSES``, then doubling up to ``longest`` (never below ``base``: a
+    slower configured sweep stays as slow)."""
+    return idle_pause(base, empty_passes, longest)
 
 
 def found_work(result: object) -> bool:
@@ -153,7 +165,8 @@ class Sweeper:
 
     def interval(self, phase: str) -> float:
         """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
-        return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0))
+        return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
+                             FAULT_IDLE_INTERVAL if phase in SLOW_WHEN_IDLE else IDLE_INTERVAL)
 
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
