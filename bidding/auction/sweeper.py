@@ -22,7 +22,7 @@ others read it when it could have lapsed (at most every half TTL) and take it ov
 (its holder killed, or without its broker). Two sweeping at once for a moment is harmless:
 the transitions are compare-and-sets.
 A phase that keeps finding nothing slows down to ``IDLE_INTERVAL``, or ``FAULT_IDLE_INTERVAL``
-for those that handle faults (an idle federation costs a few statements a second, however many
+for those that are a fallback only (an idle federation costs a few statements a second, however many
 nodes it has). On the holder each phase runs on a loop
 of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
 a lock) cannot stop the others.
@@ -61,16 +61,16 @@ logger = logging.getLogger(__name__)
 #: their last answer, tasks start on their award, and retries are announced by the process
 #: that failed them, ``alarm``: a sweep is their fallback).
 IDLE_INTERVAL = 1.0
-#: The phases whose work is a fault's, or comes long after the sweep could have seen it, slow
-#: down further while idle: a lost winner is found once its node's heartbeat TTL has passed,
-#: outcomes are reported from the store when the result backend missed them, graphs nobody
-#: moved are advanced, expired tasks ended. Each wake of an idle phase costs its node CPU
-#: (bench/idle.py --threads); a task scheduled to start (announce_due) or an auction whose
-#: candidates stay silent (close_expired) keeps ``IDLE_INTERVAL``.
+#: The phases that are only a fallback for work done elsewhere slow down further while idle:
+#: outcomes reported from the store when the result backend missed them, graphs nobody moved
+#: advanced. Each wake of an idle phase costs its node CPU (bench/idle.py --threads). The
+#: phases whose timing a caller sees keep ``IDLE_INTERVAL``: a task scheduled to start
+#: (announce_due), an auction whose candidates stay silent (close_expired), a task's expiry
+#: (end_expired), a winner that does not start the task within its schedule-to-start timeout
+#: (check_winners).
 FAULT_IDLE_INTERVAL = 3.0
 #: Phases that idle at ``FAULT_IDLE_INTERVAL`` (the others at ``IDLE_INTERVAL``).
-SLOW_WHEN_IDLE = frozenset({"end_expired", "report_results", "check_winners",
-                            "bidding-sweeper-advance_idle"})
+SLOW_WHEN_IDLE = frozenset({"report_results", "bidding-sweeper-advance_idle"})
 
 
 def sweep(ctx: Context) -> int:
