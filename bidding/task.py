@@ -142,8 +142,9 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if running is not None and task_id == running.task_id:
             # Refused here, as a new call's are.
             arguments_json(self.name, args, kwargs, settings.max_arguments_bytes)
-            if execution.retry_requested(settings, running, delay, args, kwargs):
-                announce_at(Context(settings, self.app), task_id, clock.now() + delay)
+            due = execution.retry_requested(settings, running, delay, args, kwargs)
+            if due is not None:
+                announce_at(Context(settings, self.app), task_id, due)
             return AsyncResult(task_id, app=self.app)
         refuse_steering(self.name, options)
         defaults = dict(self.bidding or {})
@@ -322,7 +323,8 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         if verdict.retry_in is not None:
             # On time, though the sweeper may be idling a second between passes.
             announce_at(Context(settings, self.app), run.task_id,
-                        clock.now() + verdict.retry_in)
+                        verdict.retry_at if verdict.retry_at is not None
+                        else clock.now() + verdict.retry_in)
             raise Retry(exc=exc, when=verdict.retry_in) from exc
         self._ended(plugins, run.task_id)
         if verdict.error is not None:

@@ -2,7 +2,7 @@
 
 A retry's backoff ends at a time the node that failed knows. The sweeper announces due tasks at
 its passes of ``announce_due``, and an idle federation's sweeper makes those once a second
-(``sweeper.IDLE_INTERVAL``): alone, it would turn a 0.5 s backoff into anything up to 1.25 s.
+(``sweeper.IDLE_INTERVAL``, +-25%): alone, it would turn a 0.5 s backoff into up to 1.75 s.
 So the process that scheduled a retry also sets an alarm for it: one daemon thread per process
 keeps the times and, at each, announces the tasks then due among those it was given.
 
@@ -44,8 +44,13 @@ class Alarm:
 
     def __init__(self, announce: Announcer = _announce) -> None:
         self.announce = announce
-        self._due: list[tuple[float, int, str, Context]] = []
         self._order = itertools.count()
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """No alarms, no thread: as built, and in a forked child (whose copy of the lock may
+        have been held by the parent's thread at the fork)."""
+        self._due: list[tuple[float, int, str, Context]] = []
         self._changed = threading.Condition()
         self._pid: int | None = None
 
@@ -76,10 +81,13 @@ class Alarm:
                     self._changed.wait(None if not self._due
                                        else max(0.0, self._due[0][0] - clock.now()))
                 now = clock.now()
-                ringing: dict[int, tuple[Context, list[str]]] = {}
+                # One look per store and app for the tasks due together (each caller builds
+                # a Context of its own).
+                ringing: dict[tuple[str, int], tuple[Context, list[str]]] = {}
                 while self._due and self._due[0][0] <= now:
                     _, _, task_id, ctx = heapq.heappop(self._due)
-                    ringing.setdefault(id(ctx), (ctx, []))[1].append(task_id)
+                    key = (ctx.settings.database_url, id(ctx.app))
+                    ringing.setdefault(key, (ctx, []))[1].append(task_id)
             for ctx, task_ids in ringing.values():
                 try:
                     self.announce(ctx, task_ids)
@@ -90,6 +98,7 @@ class Alarm:
 
 #: This process's alarm.
 ALARM = Alarm()
+os.register_at_fork(after_in_child=ALARM._fresh)
 
 
 def announce_at(ctx: Context, task_id: str, at: float) -> bool:

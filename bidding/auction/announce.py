@@ -15,6 +15,7 @@ from celery.result import AsyncResult
 from sqlalchemy import bindparam, select
 
 from bidding import clock, tracing
+from bidding.auction import due_claim
 from bidding.auction.award import strategy_of
 from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates
@@ -174,7 +175,7 @@ def _look(
 
 
 _DUE = (
-    select(AnnouncementRow.spec, *parking.SEEN_COLUMNS)
+    select(AnnouncementRow.spec, AnnouncementRow.due_at, *parking.SEEN_COLUMNS)
     .where(
         AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
         AnnouncementRow.due_at <= bindparam("now"),
@@ -201,7 +202,9 @@ def announce_due(
 
     One task at a time: one that fails (an announcement this version cannot read) must not
     stop the others; it stays the first due, so it is counted, and parked if it keeps
-    failing (``lifecycle.parking``)."""
+    failing (``lifecycle.parking``). Each is claimed first (``due_claim``): a task another
+    announcer is announcing (the retry's alarm, another sweeper) is skipped, so that one
+    attempt has one announcement span and one ANNOUNCED event."""
     now = clock.now() if now is None else now
     with read_session(ctx.settings.database_url) as session:
         if task_ids is None:
@@ -211,12 +214,17 @@ def announce_due(
                                             "ids": list(task_ids)}).all()
     opened = 0
     tally = parking.Tally("announcer")
-    for spec, *read in due:
+    url = ctx.settings.database_url
+    for spec, due_at, *read in due:
         seen = parking.Seen(*read)
+        claimed: float | None = None
         try:
             announcement = Announcement.model_validate(spec).model_copy(
                 update={"announced_at": now}
             )
+            claimed = due_claim.claim(url, seen.task_id, seen.attempt, now)
+            if claimed is None:
+                continue  # another announcer has it
             with tracing.announce_span(announcement):  # a child of the task's first
                 if announcement.expired(now):
                     # Never announced again: it ends here (the expiry scan may be a pass
@@ -225,6 +233,8 @@ def announce_due(
                 elif open_auction(ctx, announcement, new=False):
                     opened += 1
         except Exception as exc:
+            if claimed is not None:
+                due_claim.release(url, seen.task_id, seen.attempt, claimed, due_at)
             tally.failure(seen, exc)
             if parking.is_outage(exc):
                 break  # the store or the broker is down: the next tasks would wait on it too

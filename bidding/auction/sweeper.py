@@ -21,7 +21,7 @@ the holder of the sweeper lease (``lifecycle.lease``), renewed every heartbeat i
 others read it when it could have lapsed (at most every half TTL) and take it over when it has
 (its holder killed, or without its broker). Two sweeping at once for a moment is harmless:
 the transitions are compare-and-sets.
-A phase that keeps finding nothing slows down to ``IDLE_INTERVAL``, or ``FAULT_IDLE_INTERVAL``
+A phase that keeps finding nothing slows down to ``IDLE_INTERVAL``, or ``FALLBACK_IDLE_INTERVAL``
 for those that are a fallback only (an idle federation costs a few statements a second, however many
 nodes it has). On the holder each phase runs on a loop
 of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
@@ -68,9 +68,12 @@ IDLE_INTERVAL = 1.0
 #: (announce_due), an auction whose candidates stay silent (close_expired), a task's expiry
 #: (end_expired), a winner that does not start the task within its schedule-to-start timeout
 #: (check_winners).
-FAULT_IDLE_INTERVAL = 3.0
-#: Phases that idle at ``FAULT_IDLE_INTERVAL`` (the others at ``IDLE_INTERVAL``).
-SLOW_WHEN_IDLE = frozenset({"report_results", "bidding-sweeper-advance_idle"})
+FALLBACK_IDLE_INTERVAL = 3.0
+#: The sweep's phases that idle at ``FALLBACK_IDLE_INTERVAL`` (the others at
+#: ``IDLE_INTERVAL``); a plug-in's loop does when it says it is ``fallback_only``.
+FALLBACK_PHASES = frozenset({"report_results"})
+#: The lease loop's jitter: a standby's look timed for a lapse may come this much early.
+LEASE_JITTER = 0.1
 
 
 def sweep(ctx: Context) -> int:
@@ -125,7 +128,9 @@ class Sweeper:
         #: Passes in a row that found nothing, by phase.
         self.empty: dict[str, int] = {name: 0 for name in PHASES}
         self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
-                                    self.hold_lease, jitter=0.1)
+                                    self.hold_lease, jitter=LEASE_JITTER)
+        #: The phases (and plug-in loops) that idle at ``FALLBACK_IDLE_INTERVAL``.
+        self.fallbacks = set(FALLBACK_PHASES)
         #: The loops that run while this node sweeps the federation.
         self.sweeping = [Periodic(f"bidding-sweeper-{name}", functools.partial(self.interval, name),
                                   functools.partial(self.run, name), jitter=0.25)
@@ -137,6 +142,8 @@ class Sweeper:
                 if loop.federation_wide:
                     # A phase of the sweep like the others: run by the holder, slower idle.
                     self.empty[loop.name] = 0
+                    if loop.fallback_only:
+                        self.fallbacks.add(loop.name)
                     self.sweeping.append(Periodic(
                         loop.name, functools.partial(self.interval, loop.name),
                         functools.partial(self._pass, loop.name, loop.run), jitter=0.25))
@@ -154,26 +161,38 @@ class Sweeper:
 
     def lease_interval(self) -> float:
         """Seconds until the next look at the lease: a heartbeat interval for its holder (the
-        renewal); for a node standing by, until the holder's lease could lapse, at most half
-        a heartbeat TTL (a holder that stops cleanly gives it up early) and at least a
-        heartbeat interval. So a standby reads the lease every 5 s at the defaults, and takes
-        it over from a holder that died within the TTL (not a look later)."""
+        renewal) and for a node that knows of no lease; for a node standing by, half a
+        heartbeat TTL (a holder that stops cleanly gives it up early), or, once the lease it
+        saw could lapse sooner than that, just after that lapse (the loop's jitter may wake it
+        early: the wait allows for it). A live holder's lease always runs longer than half a
+        TTL, so standbys read it every 5 s at the defaults, and the one that sees it last
+        before its holder dies takes it over as it lapses."""
         interval, ttl = self.settings.heartbeat_interval, self.settings.heartbeat_ttl
         if self.leading or self.lease_until is None:
             return interval
-        return min(max(self.lease_until - clock.now(), interval), max(ttl / 2, interval))
+        cadence = max(ttl / 2, interval)
+        wait = self.lease_until - clock.now()
+        if wait > cadence:
+            return cadence
+        return max(wait, 0.0) / (1 - LEASE_JITTER) + 0.05
 
     def interval(self, phase: str) -> float:
         """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
         return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
-                             FAULT_IDLE_INTERVAL if phase in SLOW_WHEN_IDLE else IDLE_INTERVAL)
+                             FALLBACK_IDLE_INTERVAL if phase in self.fallbacks
+                             else IDLE_INTERVAL)
 
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
         it lapses); start or stop the sweeping loops when that changes, and say so."""
         try:
-            seen = lease.look(self.settings.database_url, self.holder,
-                              self.settings.heartbeat_ttl)
+            if self.leading:  # the renewal: a write, no read first
+                ttl = self.settings.heartbeat_ttl
+                held = lease.hold(self.settings.database_url, self.holder, ttl)
+                seen = lease.Look(held, clock.now() + ttl if held else None)
+            else:
+                seen = lease.look(self.settings.database_url, self.holder,
+                                  self.settings.heartbeat_ttl)
         except Exception:
             self.lease_until = None
             self._lead(False)  # the store unreachable: another node may sweep meanwhile

@@ -106,11 +106,12 @@ def hard_timeout(settings: Settings, task_id: str, error: str) -> str | None:
 
 def retry_requested(settings: Settings, run: Running, delay: float,
                     args: Sequence[Any] | None = None,
-                    kwargs: Mapping[str, Any] | None = None) -> bool:
+                    kwargs: Mapping[str, Any] | None = None) -> float | None:
     """The body called ``self.retry(countdown=...)``: a new auction after ``delay`` seconds,
-    with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise)."""
+    with the ``args``/``kwargs`` it gave (Celery passes the request's own otherwise). When it
+    is due, as written; None when the task had moved on."""
     if run.announcement is None:
-        return False
+        return None
     now = clock.now()
     announcement = run.announcement
     update: dict[str, Any] = {
@@ -126,7 +127,8 @@ def retry_requested(settings: Settings, run: Running, delay: float,
         update["kwargs"] = dict(kwargs)
     nxt = announcement.model_copy(update=update)
     with write_session(settings.database_url) as session:
-        return to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
+        moved = to_retrying(session, run, nxt, now, delay, "the task called self.retry()")
+    return now + delay if moved else None
 
 
 def report_progress(

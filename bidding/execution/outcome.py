@@ -277,7 +277,8 @@ def fail(
             )
             nxt = plan.next.model_copy(update={"spent": spent})
             moved = to_retrying(session, run, nxt, now, plan.delay, plan.why, error=error)
-            return Verdict(retry_in=plan.delay) if moved else Verdict()
+            return (Verdict(retry_in=plan.delay, retry_at=now + plan.delay) if moved
+                    else Verdict())
         kind = journal.COST_EXCEEDED if over else journal.TASK_FAILED
         final: BaseException = (
             CostExceededError(f"task {run.task_id}: {plan.why}") if over

@@ -58,4 +58,6 @@ class Verdict:
     """What the worker does after an attempt: nothing, retry after a delay, or raise an error."""
 
     retry_in: float | None = None
+    #: When the retry is due, as written to the store (None: not known here).
+    retry_at: float | None = None
     error: BaseException | None = None

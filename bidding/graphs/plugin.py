@@ -34,4 +34,4 @@ class GraphPlugin(Plugin):
         """Advance the graphs left alone, every sweep."""
         return [Loop("bidding-sweeper-advance_idle", sweep_every,
                      lambda: advance_idle(Context(self.settings, self.app)),
-                     federation_wide=True)]
+                     federation_wide=True, fallback_only=True)]

@@ -44,6 +44,10 @@ class Loop:
     #: Whether it sweeps the whole federation (one node runs it: the sweeper's lease holder,
     #: ``lifecycle.lease``) rather than work of this node's own.
     federation_wide: bool = False
+    #: Whether it is only a fallback for work done elsewhere: while it finds nothing, a
+    #: federation-wide loop then slows down further than the sweep's phases
+    #: (``sweeper.FALLBACK_IDLE_INTERVAL``).
+    fallback_only: bool = False
 
 
 class Plugin:

@@ -229,7 +229,7 @@ def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delay
     announced = {m.attempt: m.at for m in log if m.kind == "ANNOUNCED"}
     for m in retried:
         waited = announced[m.detail["next_attempt"]] - m.at
-        assert m.detail["delay_s"] - 0.01 <= waited <= m.detail["delay_s"] + 0.4, waited
+        assert m.detail["delay_s"] - 0.01 <= waited <= m.detail["delay_s"] + 0.6, waited
     assert bidding.explain(result.id, app=nodes.app).state == "SUCCESS"
 
 

@@ -66,7 +66,9 @@ class Traced:
         """Every span written so far."""
         if not self.path.exists():
             return []
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        text = self.path.read_text(encoding="utf-8")
+        # A line still being appended (no newline yet) is read at the next look.
+        lines = text.splitlines()[:text.count("\n")]
         return [Span(**{k: v for k, v in json.loads(line).items() if k != "pid"})
                 for line in lines if line.strip()]
 

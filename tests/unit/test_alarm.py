@@ -12,7 +12,8 @@ import pytest
 from celery import Celery
 
 from bidding import clock
-from bidding.auction import alarm, announce
+from bidding.auction import alarm, announce, due_claim
+from bidding.config import Settings
 from bidding.context import Context
 from bidding.lifecycle import states
 from bidding.models import Announcement
@@ -34,7 +35,7 @@ class Recorder:
             raise ConnectionError("the store went away")
 
 
-CTX = Context(settings=None, app=None)  # type: ignore[arg-type]
+CTX = Context(settings=Settings(database_url="sqlite://"), app=None)  # type: ignore[arg-type]
 
 
 def test_a_retry_is_announced_at_its_time_not_before() -> None:
@@ -56,8 +57,8 @@ def test_retries_due_together_are_announced_in_one_look_and_earlier_ones_first()
     recorder = Recorder()
     clock_alarm = alarm.Alarm(recorder)
     now = clock.now()
-    clock_alarm.set(CTX, "late-a", now + 0.4)
-    clock_alarm.set(CTX, "late-b", now + 0.4)
+    clock_alarm.set(CTX, "late-a", now + 1.0)
+    clock_alarm.set(CTX, "late-b", now + 1.0)
     clock_alarm.set(CTX, "soon", now + 0.1)
     # when they have all come due
     deadline = time.monotonic() + 3
@@ -118,3 +119,65 @@ def test_announcing_by_id_announces_only_those_tasks_that_are_due(
     # then only "mine" is announced: another's is the sweeper's (or its own alarm's), and
     # "not yet" is not due
     assert opened == ["mine"]
+
+
+def test_of_two_announcers_finding_one_due_retry_only_one_announces_it(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a retry due in the store
+    task_id = str(uuid.uuid4())
+    add_announcement(settings.database_url,
+                     Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
+                                  announced_at=50.0, attempt=2),
+                     states.RETRYING, [], due_at=100.0)
+    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
+    opened: list[str] = []
+    spans: list[str] = []
+    real_span, real_claim = announce.tracing.announce_span, due_claim.claim
+
+    def span(a: Announcement) -> Any:
+        spans.append(a.task_id)
+        return real_span(a)
+
+    raced: list[bool] = []
+
+    def racing_claim(url: str, task: str, attempt: int, now: float) -> float | None:
+        if not raced:
+            raced.append(True)
+            # when another announcer (the sweeper, while the retry's alarm rings) read the
+            # task as due too, and claims and announces it first
+            assert announce.announce_due(ctx, now=200.0) == 1
+        return real_claim(url, task, attempt, now)
+
+    monkeypatch.setattr(announce.tracing, "announce_span", span)
+    monkeypatch.setattr(due_claim, "claim", racing_claim)
+    monkeypatch.setattr(announce, "open_auction",
+                        lambda ctx, a, new=True: opened.append(a.task_id) or True)
+    assert announce.announce_due(ctx, now=200.0, task_ids=[task_id]) == 0
+    # then it was announced once: one auction, one announcement span (Flower's ANNOUNCED
+    # is sent by the auction, so once too)
+    assert opened == [task_id] and spans == [task_id]
+
+
+def test_an_announcement_that_fails_gives_its_claim_back(
+    settings: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a retry due in the store, and an announcer whose auction fails (the broker down)
+    task_id = str(uuid.uuid4())
+    add_announcement(settings.database_url,
+                     Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
+                                  announced_at=50.0, attempt=2),
+                     states.RETRYING, [], due_at=100.0)
+    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
+
+    def broker_down(ctx: Context, a: Announcement, new: bool = True) -> bool:
+        raise ConnectionError("the broker is restarting")
+
+    monkeypatch.setattr(announce, "open_auction", broker_down)
+    assert announce.announce_due(ctx, now=200.0) == 0
+    # when the next pass comes, a moment later
+    opened: list[str] = []
+    monkeypatch.setattr(announce, "open_auction",
+                        lambda ctx, a, new=True: opened.append(a.task_id) or True)
+    # then the task is due again at once (not held by the failed announcer's claim)
+    assert announce.announce_due(ctx, now=200.5) == 1 and opened == [task_id]

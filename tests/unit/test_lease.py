@@ -96,6 +96,16 @@ def test_a_phase_that_keeps_finding_nothing_slows_down_and_speeds_up_again() -> 
     assert {node.interval(p) for p in ("announce_due", "close_expired", "end_expired",
                                        "check_winners")} == {1.0}
     assert node.interval("report_results") == 3.0
+    # and so does a plug-in's federation-wide loop that says it is a fallback only (the task
+    # graphs' advance of graphs nobody moved)
+    from bidding.graphs.plugin import GraphPlugin
+    from bidding.lifecycle import plugins
+
+    app = Celery("t", broker="memory://", set_as_current=False)
+    plugins.use(app, GraphPlugin)
+    with_graphs = sweeper.Sweeper(Settings(database_url="sqlite://"), app)
+    with_graphs.empty = dict.fromkeys(with_graphs.empty, 50)
+    assert with_graphs.interval("bidding-sweeper-advance_idle") == 3.0
     # and work found is a count, or the watchdog's moved tasks
     assert sweeper.found_work(3) and sweeper.found_work((1, 4))
     assert not sweeper.found_work(0) and not sweeper.found_work((0, 4))
@@ -130,14 +140,17 @@ def test_a_standby_looks_again_when_the_lease_could_lapse_and_at_least_every_hal
     # then while it holds the lease it renews every heartbeat interval
     node.leading, node.lease_until = True, now + 10
     assert node.lease_interval() == 2.0
-    # and standing by, it looks when another's lease could lapse: at most every 5 s (a clean
-    # hand-over is seen within 5 s), at least every 2 s, and every 2 s while it knows none
+    # and standing by, it reads a live holder's lease every 5 s (a clean hand-over is seen
+    # within 5 s), every 2 s while it knows of none
     node.leading = False
     node.lease_until = now + 9.5
     assert node.lease_interval() == pytest.approx(5.0)
-    node.lease_until = now + 3.5
-    assert 3.0 < node.lease_interval() <= 3.5
-    node.lease_until = now + 0.5
-    assert node.lease_interval() == 2.0
     node.lease_until = None
     assert node.lease_interval() == 2.0
+    # and once the lease it saw could lapse sooner, it looks just after the lapse, even if
+    # its loop's jitter (10%) wakes it early
+    for left in (3.5, 0.5):
+        node.lease_until = clock.now() + left
+        assert left < node.lease_interval() * (1 - sweeper.LEASE_JITTER) < left + 0.1
+    node.lease_until = clock.now() - 1  # lapsed already: at once
+    assert node.lease_interval() < 0.1

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -214,6 +215,8 @@ class RequestListener:
     POLL = 5.0
     #: Seconds before popping again after Redis failed (the broker restarts).
     RETRY = 1.0
+    #: Seconds ``stop`` waits for the listener's thread (woken, it returns at once).
+    STOP_WAIT = 2.0
 
     def __init__(self, board: RedisBoard, node: str, handle: Callable[[BidRequest], Any]
                  ) -> None:
@@ -231,8 +234,16 @@ class RequestListener:
         return []
 
     def stop(self) -> None:
-        """Stop listening; a request being popped is still handed over."""
-        self._loop.stop(timeout=self.POLL * 4, wake=self.wake)
+        """Stop listening; a request being popped is still handed over. Waits ``STOP_WAIT``
+        at most: the consumer's restart after a lost broker connection waits on this, and a
+        listener blocked on a half-open connection returns only at its socket timeout."""
+        self._loop.stop(timeout=self.STOP_WAIT, wake=self._wake_soon)
+
+    def _wake_soon(self) -> None:
+        # On a thread of its own: with Redis unreachable the call could block for its
+        # connect timeout, and the stop must not.
+        threading.Thread(target=self.wake, name=f"bid-requests-wake-{self.node}",
+                         daemon=True).start()
 
     def wake(self) -> None:
         """Return the listener from its wait now (another worker of the node may pop the
