@@ -96,22 +96,28 @@ def test_an_alarm_whose_announcement_fails_logs_it_and_rings_the_next(
     assert "the sweeper will" in caplog.text
 
 
+def due_retry(settings: Any, due_at: float) -> tuple[str, Context]:
+    """A retry (attempt 2) waiting in the store until ``due_at``, and a context to announce
+    it in."""
+    task_id = str(uuid.uuid4())
+    add_announcement(settings.database_url,
+                     Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
+                                  announced_at=50.0, attempt=2),
+                     states.RETRYING, [], due_at=due_at)
+    return task_id, Context(settings, Celery("t", broker="memory://", set_as_current=False))
+
+
 def test_announcing_by_id_announces_only_those_tasks_that_are_due(
     settings: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given three retries waiting in the store: two due, one not yet
     ids = {}
     for label, due in (("mine", 100.0), ("another's", 100.0), ("not yet", 300.0)):
-        task_id = str(uuid.uuid4())
-        add_announcement(settings.database_url,
-                         Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
-                                      announced_at=50.0, attempt=2),
-                         states.RETRYING, [], due_at=due)
+        task_id, ctx = due_retry(settings, due_at=due)
         ids[task_id] = label
     opened: list[str] = []
     monkeypatch.setattr(announce, "open_auction",
                         lambda ctx, a, new=True: opened.append(ids[a.task_id]) or True)
-    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
     mine = next(t for t, label in ids.items() if label == "mine")
     late = next(t for t, label in ids.items() if label == "not yet")
     # when the alarm of the process that scheduled "mine" and "not yet" rings at 200
@@ -125,12 +131,7 @@ def test_of_two_announcers_finding_one_due_retry_only_one_announces_it(
     settings: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a retry due in the store
-    task_id = str(uuid.uuid4())
-    add_announcement(settings.database_url,
-                     Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
-                                  announced_at=50.0, attempt=2),
-                     states.RETRYING, [], due_at=100.0)
-    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
+    task_id, ctx = due_retry(settings, due_at=100.0)
     opened: list[str] = []
     spans: list[str] = []
     real_span, real_claim = announce.tracing.announce_span, due_claim.claim
@@ -163,12 +164,7 @@ def test_an_announcement_that_fails_gives_its_claim_back(
     settings: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # given a retry due in the store, and an announcer whose auction fails (the broker down)
-    task_id = str(uuid.uuid4())
-    add_announcement(settings.database_url,
-                     Announcement(task_id=task_id, task_name="t.retry", task_type="retry",
-                                  announced_at=50.0, attempt=2),
-                     states.RETRYING, [], due_at=100.0)
-    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
+    task_id, ctx = due_retry(settings, due_at=100.0)
 
     def broker_down(ctx: Context, a: Announcement, new: bool = True) -> bool:
         raise ConnectionError("the broker is restarting")
