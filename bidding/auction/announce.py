@@ -12,7 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from celery.result import AsyncResult
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from bidding import clock, tracing
 from bidding.auction import due_claim
@@ -187,6 +187,24 @@ _DUE = (
     .order_by(AnnouncementRow.priority.desc(), AnnouncementRow.due_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
+
+
+#: When the next task waiting (a scheduled start, a retry, a deferral) comes due.
+_NEXT_DUE = (
+    select(func.min(AnnouncementRow.due_at))
+    .where(AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
+           AnnouncementRow.due_at > bindparam("now"), parking.UNPARKED)
+)
+
+
+def next_due(ctx: Context, now: float | None = None) -> float | None:
+    """When the next waiting task comes due (None: none waits): an idle sweeper sleeps until
+    then rather than a whole idle interval, so that a task scheduled a few seconds ahead starts
+    on time."""
+    now = clock.now() if now is None else now
+    with read_session(ctx.settings.database_url) as session:
+        found = session.execute(_NEXT_DUE, {"now": now}).scalar()
+    return None if found is None else float(found)
 
 
 #: The same, for some tasks only (``alarm``: the retries one process scheduled).

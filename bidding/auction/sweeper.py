@@ -39,7 +39,7 @@ from collections.abc import Callable
 from celery import Celery
 
 from bidding import clock
-from bidding.auction.announce import announce_due
+from bidding.auction.announce import announce_due, next_due
 from bidding.auction.close import close_expired
 from bidding.auction.expiry import end_expired
 from bidding.auction.watchdog import check_winners
@@ -49,7 +49,7 @@ from bidding.execution.report import report_results
 from bidding.lifecycle import lease
 from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
-from bidding.nodes.periodic import Periodic, idle_pause
+from bidding.nodes.periodic import IDLE_PASSES, Periodic, idle_pause
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,8 @@ FALLBACK_IDLE_INTERVAL = 3.0
 FALLBACK_PHASES = frozenset({"report_results"})
 #: The lease loop's jitter: a standby's look timed for a lapse may come this much early.
 LEASE_JITTER = 0.1
+#: The sweeping loops' jitter: a pass timed for a due task may come this much late.
+PHASE_JITTER = 0.25
 
 
 def sweep(ctx: Context) -> int:
@@ -125,6 +127,9 @@ class Sweeper:
         self.leading = False
         #: Until when the lease this node last saw runs (None: not seen, or nobody's).
         self.lease_until: float | None = None
+        #: When the next waiting task comes due, as the last idle pass of ``announce_due`` read
+        #: (None: none waits, or that phase is busy).
+        self.next_due: float | None = None
         #: Passes in a row that found nothing, by phase.
         self.empty: dict[str, int] = {name: 0 for name in PHASES}
         self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
@@ -133,7 +138,7 @@ class Sweeper:
         self.fallbacks = set(FALLBACK_PHASES)
         #: The loops that run while this node sweeps the federation.
         self.sweeping = [Periodic(f"bidding-sweeper-{name}", functools.partial(self.interval, name),
-                                  functools.partial(self.run, name), jitter=0.25)
+                                  functools.partial(self.run, name), jitter=PHASE_JITTER)
                          for name in PHASES]
         #: The loops every node runs (its own work: a plug-in's writer, its retention look).
         self.own: list[Periodic] = []
@@ -146,7 +151,7 @@ class Sweeper:
                         self.fallbacks.add(loop.name)
                     self.sweeping.append(Periodic(
                         loop.name, functools.partial(self.interval, loop.name),
-                        functools.partial(self._pass, loop.name, loop.run), jitter=0.25))
+                        functools.partial(self._pass, loop.name, loop.run), jitter=PHASE_JITTER))
                 else:
                     self.own.append(Periodic(loop.name, loop.interval, loop.run, jitter=0.25))
         retention = RetentionJob(settings, self.holder)
@@ -177,10 +182,17 @@ class Sweeper:
         return max(wait, 0.0) / (1 - LEASE_JITTER) + 0.05
 
     def interval(self, phase: str) -> float:
-        """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
-        return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
-                             FALLBACK_IDLE_INTERVAL if phase in self.fallbacks
-                             else IDLE_INTERVAL)
+        """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles; an
+        idle ``announce_due`` wakes for the next waiting task's due time if that comes sooner
+        (early rather than late despite its jitter: an early pass finds nothing and sleeps
+        the rest)."""
+        pause = idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
+                              FALLBACK_IDLE_INTERVAL if phase in self.fallbacks
+                              else IDLE_INTERVAL)
+        if phase == "announce_due" and self.next_due is not None:
+            until = (self.next_due - clock.now()) / (1 + PHASE_JITTER)
+            pause = min(pause, max(until, self.settings.sweep_interval / 4))
+        return pause
 
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
@@ -227,6 +239,17 @@ class Sweeper:
         if not self.leading:
             return
         self.empty[name] = 0 if found_work(run()) else self.empty.get(name, 0) + 1
+        if name == "announce_due":
+            self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None
+
+    def _next_due(self) -> float | None:
+        """The next waiting task's due time, read once per idle pass (None when it cannot be
+        read: the idle pace then holds)."""
+        try:
+            return next_due(Context(self.settings, self.app))
+        except Exception as exc:
+            logger.debug("reading the next due time failed: %s", exc)
+            return None
 
     def start(self) -> None:
         """Look at the lease once now (a federation's first node sweeps from its start, not

@@ -154,3 +154,34 @@ def test_a_standby_looks_again_when_the_lease_could_lapse_and_at_least_every_hal
         assert left < node.lease_interval() * (1 - sweeper.LEASE_JITTER) < left + 0.1
     node.lease_until = clock.now() - 1  # lapsed already: at once
     assert node.lease_interval() < 0.1
+
+
+def test_an_idle_sweeper_wakes_for_the_next_scheduled_task_rather_than_a_whole_pause(
+    settings: Settings,
+) -> None:
+    import uuid
+
+    from bidding.auction import announce
+    from bidding.context import Context
+    from bidding.lifecycle import states
+    from bidding.models import Announcement
+    from tests.stored import add_announcement
+
+    # given an idle sweeper (its announcing phase found nothing for a while: 1 s apart)
+    node = sweeper.Sweeper(settings, Celery("t", broker="memory://", set_as_current=False))
+    node.leading = True
+    node.empty = dict.fromkeys(node.empty, 50)
+    assert node.interval("announce_due") == 1.0
+    # when a task is scheduled to start in 0.6 s and a pass reads when it comes due
+    now = clock.now()
+    add_announcement(settings.database_url,
+                     Announcement(task_id=str(uuid.uuid4()), task_name="t.later",
+                                  task_type="later", announced_at=now),
+                     states.DEFERRED, [], due_at=now + 0.6)
+    assert announce.next_due(Context(settings, node.app), now) == pytest.approx(now + 0.6)
+    node._pass("announce_due", lambda: 0)
+    # then the next pass comes no later than its due time, even with the loop's jitter
+    wait = node.interval("announce_due")
+    assert 0.3 < wait * (1 + sweeper.PHASE_JITTER) <= 0.6
+    # and the other phases keep their idle pace
+    assert node.interval("close_expired") == 1.0
