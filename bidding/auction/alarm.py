@@ -7,9 +7,10 @@ So the process that scheduled a retry also sets an alarm for it: one daemon thre
 keeps the times and, at each, announces the tasks then due among those it was given.
 
 The sweeper stays the fallback (this process killed or recycled before its alarm rings, the
-store unreachable then): an announcement is a compare-and-set on the task's row, so the alarm
-and the sweeper never announce one attempt twice. A retry further away than ``HORIZON`` gets no
-alarm: a second next to minutes of backoff is noise, and the thread holds no far future.
+store unreachable then). The alarm and the sweeper may find one retry due together: each claims
+it first (``due_claim``), so one attempt is announced once. A retry further away than
+``HORIZON`` gets no alarm: a second next to minutes of backoff is noise, and the thread holds
+no far future.
 """
 
 from __future__ import annotations
@@ -60,8 +61,7 @@ class Alarm:
         if at - clock.now() > HORIZON:
             return False
         with self._changed:
-            if self._pid != os.getpid():
-                self._due.clear()  # a parent's alarms are its own to ring
+            if self._pid != os.getpid():  # first use here (a forked child starts ``_fresh``)
                 self._pid = os.getpid()
                 threading.Thread(target=self._ring, name="bidding-retry-alarm",
                                  daemon=True).start()
