@@ -22,7 +22,7 @@ from bidding.nodes import incarnation
 from bidding.nodes.periodic import Periodic
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import invalidate_cache
-from bidding.store import write_session
+from bidding.store import trim, write_session
 from bidding.store.outage import outlasting
 from bidding.store.schema import Node, Worker
 
@@ -154,6 +154,13 @@ class Heartbeat:
         # dead while it runs.
         outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
                    self._beat_once, patience=self.settings.heartbeat_interval)
+        # The beat's rhythm also gives back the store connections the node's threads opened
+        # together and no longer use (an idle node then holds one).
+        try:
+            trim.maybe_trim(self.settings.database_url)
+        except Exception:
+            logger.exception("could not close node %s's idle store connections",
+                             self.profile.name)
 
     def _beat_once(self) -> None:
         # The full row (this run's profile) until it is written once, then one UPDATE of it

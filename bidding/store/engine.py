@@ -126,6 +126,10 @@ def _build(url: str) -> _Engines:
         # No pool_pre_ping: _check_on_checkout replaces it without a round trip.
         kwargs["pool_size"] = db_pool_size()
         kwargs["max_overflow"] = MAX_OVERFLOW
+        # Last returned, first handed out: a process that needs one connection at a time
+        # keeps using the same one, and those a burst opened go idle, so that ``store.trim``
+        # can close them (each is a server process on PostgreSQL).
+        kwargs["pool_use_lifo"] = True
         if make_url(url).get_driver_name() == "psycopg":
             # A server that vanished (a half-open connection after a network cut) must fail a
             # session within a minute, not block a node's sweeper or bid threads for ever:
@@ -186,7 +190,27 @@ def _configure_sqlite(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN")
 
 
-_IDLE_SINCE = "bidding_idle_since"
+#: A pooled connection's ``info`` key: when it was last returned to the pool (monotonic).
+IDLE_SINCE = "bidding_idle_since"
+#: Set in a thread whose checkouts only look at the pool's idle connections (``store.trim``):
+#: they are neither pinged nor marked as in use.
+_looking = threading.local()
+
+
+class WouldConnect(Exception):
+    """A checkout ``looking_at_idle`` met a pooled slot without a connection: it opens none."""
+
+
+@contextmanager
+def looking_at_idle() -> Iterator[None]:
+    """Check connections out of a pool without the checkout's liveness ping, keeping their
+    ``IDLE_SINCE``, and never opening one (``WouldConnect`` instead): for ``store.trim``,
+    which closes most of the ones it takes."""
+    _looking.on = True
+    try:
+        yield
+    finally:
+        _looking.on = False
 
 
 def _check_on_checkout(engine: Engine) -> None:
@@ -200,13 +224,20 @@ def _check_on_checkout(engine: Engine) -> None:
     outlast it (``store.outage``).
     """
 
+    @event.listens_for(engine, "do_connect")
+    def _on_connect(*_args: Any) -> None:
+        if getattr(_looking, "on", False):
+            raise WouldConnect("looking at idle connections only")
+
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
-        record.info[_IDLE_SINCE] = time.monotonic()
+        record.info[IDLE_SINCE] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        since = record.info.pop(_IDLE_SINCE, None)
+        if getattr(_looking, "on", False):
+            return
+        since = record.info.pop(IDLE_SINCE, None)
         if since is None:
             return  # a new connection
         if time.monotonic() - since < PING_AFTER_IDLE and not _has_news(dbapi_connection):
