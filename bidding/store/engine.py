@@ -203,9 +203,9 @@ class WouldConnect(Exception):
 
 @contextmanager
 def looking_at_idle() -> Iterator[None]:
-    """Check connections out of a pool without the checkout's liveness ping, keeping their
-    ``IDLE_SINCE``, and never opening one (``WouldConnect`` instead): for ``store.trim``,
-    which closes most of the ones it takes."""
+    """Check connections out of a pool and back in without the checkout's liveness ping,
+    their ``IDLE_SINCE`` unchanged (a look is not a use), and never opening one
+    (``WouldConnect`` instead): for ``store.trim``, which closes most of the ones it takes."""
     _looking.on = True
     try:
         yield
@@ -231,7 +231,8 @@ def _check_on_checkout(engine: Engine) -> None:
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
-        record.info[IDLE_SINCE] = time.monotonic()
+        if not getattr(_looking, "on", False):
+            record.info[IDLE_SINCE] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:

@@ -52,23 +52,23 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
     if pool.checkedin() <= 1:  # type: ignore[attr-defined]
         return 0
     taken = []
+    closed = 0
     with looking_at_idle():
         try:
             while pool.checkedin() > 0:  # type: ignore[attr-defined]
                 taken.append(pool.connect())
         except WouldConnect:
             pass  # a slot whose connection was closed before: it stays in the pool, empty
-    now = time.monotonic()
-    # Oldest first. They go back in that order, so that the one returned last before is on
-    # top again and handed out next (LIFO).
-    taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now))
-    closed = 0
-    for i, conn in enumerate(taken):
-        if i < len(taken) - 1 and now - conn.info.get(IDLE_SINCE, now) >= after:
-            conn.invalidate()  # closes the server connection; its slot opens one on demand
-            closed += 1
-        else:
-            conn.close()
+        now = time.monotonic()
+        # Oldest first. They go back in that order (their idle times unchanged), so that the
+        # one returned last before is on top again and handed out next (LIFO).
+        taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now))
+        for i, conn in enumerate(taken):
+            if i < len(taken) - 1 and now - conn.info.get(IDLE_SINCE, now) >= after:
+                conn.invalidate()  # closes the server connection; its slot opens one on demand
+                closed += 1
+            else:
+                conn.close()
     return closed
 
 

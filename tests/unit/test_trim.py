@@ -4,6 +4,7 @@ keeps the connection it used last and closes those unused for a while (``store.t
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -101,3 +102,19 @@ def test_a_sqlite_store_is_left_alone(tmp_path: Path) -> None:
         session.execute(text("SELECT 1"))
     # When it is trimmed, Then nothing is closed
     assert trim.trim_idle(url, after=0.0) == 0
+
+
+
+def test_a_trim_that_closes_nothing_does_not_make_the_connections_look_used(pg_url: str) -> None:
+    # Given a pool grown to three connections by a burst
+    _open_together(pg_url, 3)
+    # and a trim (every 15 s on a node) that finds them used too recently
+    time.sleep(0.4)
+    assert trim.trim_idle(pg_url, after=0.5) == 0
+
+    # When the next trim comes after they have been unused for longer than the idle time
+    time.sleep(0.3)
+    closed = trim.trim_idle(pg_url, after=0.5)
+
+    # Then it closes the two not used last: the first trim's look did not count as a use
+    assert closed == 2
