@@ -11,7 +11,11 @@ task runs:
   (their mean), separately;
 - connections: the store connections the nodes hold (PostgreSQL's ``pg_stat_activity`` for
   the benchmark's database);
-- transactions per second on the store (``pg_stat_database``: commits and rollbacks).
+- transactions per second on the store (``pg_stat_database``: commits and rollbacks);
+- store errors: the lines of the node workers' logs, from their start to the end of the
+  measurement, that say the store was locked or refused a connection ("database is locked",
+  "too many clients"), apart from those of a write that waited and tried again (counted as
+  waits): the nodes start all at once, as a supervisor starts them.
 
 No setting is changed from its default (the broker is a Redis database of its own).
 
@@ -121,6 +125,26 @@ def sample(count: int, mains: list[int], seconds: float,
     }
 
 
+#: What a node worker's log says when the store turned it away.
+STORE_ERRORS = re.compile(r"database is locked|too many clients|remaining connection slots")
+#: ... and when it then waited and tried again (``store.outage``): not an error.
+WAITED = "trying again"
+
+
+def store_errors(directory: Path) -> tuple[int, int]:
+    """Lines of the node workers' logs in ``directory`` that say the store turned them away:
+    (errors, waits that were tried again)."""
+    errors = waits = 0
+    for log in directory.glob("*.log"):
+        for line in log.read_text(errors="replace").splitlines():
+            if STORE_ERRORS.search(line):
+                if WAITED in line:
+                    waits += 1
+                else:
+                    errors += 1
+    return errors, waits
+
+
 def thread_cpu(mains: list[int], seconds: float) -> dict[str, float]:
     """CPU (% of a core) over ``seconds`` of every thread of the processes ``mains``,
     summed by thread name (``py-spy dump`` names them; a node's name and numbers in a name
@@ -175,7 +199,8 @@ def measure(nodes: int, seconds: float, store: str, directory: Path,
     redis.Redis.from_url(BROKER).flushdb()
     env = {"BIDDING_DATABASE_URL": url, "BENCH_BROKER": BROKER}
     os.environ.update(env)
-    federation = Federation(app="bench.app", env=env, log_dir=directory, concurrency=4,
+    logs = directory / f"{store}-{nodes}"  # this run's node logs, apart from another size's
+    federation = Federation(app="bench.app", env=env, log_dir=logs, concurrency=4,
                             cwd=BENCH_DIR.parent, extra_args=worker_args)
     try:
         federation.start(profile(directory, f"idle-{i}") for i in range(nodes))
@@ -192,6 +217,7 @@ def measure(nodes: int, seconds: float, store: str, directory: Path,
             row["connections"] = len(server_pids(admin, database))
         if threads:
             row = {**row, "threads": thread_cpu(mains, seconds)}
+        row["store_errors"], row["store_waits"] = store_errors(logs)
         return row
     finally:
         federation.stop()
@@ -263,13 +289,15 @@ def main() -> None:
                                                             Path(folder))})
     print(f"store {args.store}, {args.seconds:g} s idle, the library's defaults")
     print(f"{'kind':>7} {'nodes':>5} {'CPU nodes %':>11} {'of it main %':>12} {'server %':>8} "
-          f"{'RSS main MB':>11} {'max':>5} {'RSS pool MB':>11} {'conns':>5} {'xact/s':>7}")
+          f"{'RSS main MB':>11} {'max':>5} {'RSS pool MB':>11} {'conns':>5} {'xact/s':>7} "
+          f"{'store errors / waits':>20}")
     for r in rows:
         print(f"{r['kind']:>7} {r['nodes']:>5} {r['cpu_nodes_pct']:>11.1f} "
               f"{r['cpu_main_pct']:>12.1f} "
               f"{r['cpu_server_pct']:>8.1f} {r['rss_main_mb']:>11.0f} {r['rss_main_max_mb']:>5.0f} "
               f"{r['rss_pool_mb']:>11.0f} "
-              f"{r['connections']:>5} {r['transactions_per_s']:>7.1f}")
+              f"{r['connections']:>5} {r['transactions_per_s']:>7.1f} "
+              f"{r.get('store_errors', '-'):>10} / {r.get('store_waits', '-'):<7}")
     for r in rows:
         if "threads" in r:
             print(f"per thread, {r['nodes']} nodes' main processes (% of a core):")

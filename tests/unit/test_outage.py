@@ -1,0 +1,70 @@
+"""Writes that must not fail wait out a busy SQLite store, as they wait out a server store
+that restarts (``store.outage.outlasting``): many node workers starting at once on one
+SQLite file can hold its write lock longer than a writer waits for it."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from bidding.store.outage import outlasting
+
+
+def _lock_for(path: Path, seconds: float) -> threading.Thread:
+    """Another process's writer: holds the file's write lock for ``seconds``."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN IMMEDIATE")
+    released = threading.Timer(seconds, lambda: (holder.execute("COMMIT"), holder.close()))
+    released.start()
+    return released
+
+
+def test_a_write_that_finds_the_sqlite_store_locked_is_tried_again_until_it_lands(
+    tmp_path: Path,
+) -> None:
+    # Given a SQLite store whose write lock another writer holds for 0.4 s, and a writer that
+    # does not wait for the lock at all (its wait ran out, as under a crowd of writers)
+    path = tmp_path / "store.db"
+    url = f"sqlite:///{path}"
+    engine = create_engine(url, connect_args={"timeout": 0})
+    with engine.begin() as conn:
+        conn.execute(text("CREATE TABLE beats (n INTEGER)"))
+    released = _lock_for(path, 0.4)
+    tries: list[int] = []
+
+    def write() -> None:
+        tries.append(1)
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO beats VALUES (1)"))
+
+    # When the write must not fail (a registration, a heartbeat, an attempt's result)
+    outlasting(url, "a heartbeat", write, patience=10)
+
+    # Then it was tried again after "database is locked" and landed once
+    released.join()
+    assert len(tries) > 1
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM beats")).scalar_one() == 1
+    engine.dispose()
+
+
+def test_any_other_sqlite_error_is_raised_at_once(tmp_path: Path) -> None:
+    # Given a write that is wrong, not unlucky (its table does not exist)
+    url = f"sqlite:///{tmp_path}/store.db"
+    engine = create_engine(url)
+    tries: list[int] = []
+
+    def write() -> None:
+        tries.append(1)
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO missing VALUES (1)"))
+
+    # When it is written through outlasting, Then its error is raised after one try
+    with pytest.raises(Exception, match="no such table"):
+        outlasting(url, "a write", write, patience=10)
+    assert len(tries) == 1
+    engine.dispose()
