@@ -267,7 +267,12 @@ def _has_news(dbapi_connection: Any) -> bool:
     return bool(readable)
 
 
-def _begin_immediate(dbapi_connection: Any, timeout: float = 30.0) -> None:
+#: Seconds a SQLite writer waits for the write lock before "database is locked" (the writes
+#: that must not fail then wait again: ``store.outage``).
+WRITE_LOCK_WAIT = 30.0
+
+
+def _begin_immediate(dbapi_connection: Any, timeout: float | None = None) -> None:
     """Take SQLite's write lock, polling finely.
 
     SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries, so a writer often
@@ -275,7 +280,7 @@ def _begin_immediate(dbapi_connection: Any, timeout: float = 30.0) -> None:
     was most of an auction's time (bench/latency.py). Here the handler is off for this one
     statement and we retry every 0.2-2 ms with jitter.
     """
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + (WRITE_LOCK_WAIT if timeout is None else timeout)
     pause = 0.0002
     cursor = dbapi_connection.cursor()
     try:

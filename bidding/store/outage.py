@@ -15,6 +15,7 @@ the same way; any other SQLite error is raised at once.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -41,7 +42,10 @@ def retryable(url: str, exc: BaseException) -> bool:
     store restarting, SQLite's write lock held past the wait), rather than that the
     statement is wrong."""
     if make_url(url).get_backend_name() == "sqlite":
-        return isinstance(exc, OperationalError) and SQLITE_LOCKED in str(exc)
+        # Raw from the write's BEGIN IMMEDIATE (``engine._begin_immediate``), wrapped by
+        # SQLAlchemy from a statement.
+        return (isinstance(exc, (OperationalError, sqlite3.OperationalError))
+                and SQLITE_LOCKED in str(exc))
     return isinstance(exc, (OperationalError, InterfaceError))
 
 

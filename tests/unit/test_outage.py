@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+from bidding.store import engine, read_session, write_session
 from bidding.store.outage import outlasting
 
 
@@ -24,22 +25,22 @@ def _lock_for(path: Path, seconds: float) -> threading.Thread:
 
 
 def test_a_write_that_finds_the_sqlite_store_locked_is_tried_again_until_it_lands(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Given a SQLite store whose write lock another writer holds for 0.4 s, and a writer that
-    # does not wait for the lock at all (its wait ran out, as under a crowd of writers)
+    # Given a SQLite store whose write lock another writer holds for 0.6 s, and writers that
+    # wait 0.1 s for it (30 s by default: as if a crowd of writers had used that up)
     path = tmp_path / "store.db"
     url = f"sqlite:///{path}"
-    engine = create_engine(url, connect_args={"timeout": 0})
-    with engine.begin() as conn:
-        conn.execute(text("CREATE TABLE beats (n INTEGER)"))
-    released = _lock_for(path, 0.4)
+    with write_session(url) as session:
+        session.execute(text("CREATE TABLE beats (n INTEGER)"))
+    monkeypatch.setattr(engine, "WRITE_LOCK_WAIT", 0.1)
+    released = _lock_for(path, 0.6)
     tries: list[int] = []
 
     def write() -> None:
         tries.append(1)
-        with engine.begin() as conn:
-            conn.execute(text("INSERT INTO beats VALUES (1)"))
+        with write_session(url) as session:
+            session.execute(text("INSERT INTO beats VALUES (1)"))
 
     # When the write must not fail (a registration, a heartbeat, an attempt's result)
     outlasting(url, "a heartbeat", write, patience=10)
@@ -47,9 +48,9 @@ def test_a_write_that_finds_the_sqlite_store_locked_is_tried_again_until_it_land
     # Then it was tried again after "database is locked" and landed once
     released.join()
     assert len(tries) > 1
-    with engine.connect() as conn:
-        assert conn.execute(text("SELECT count(*) FROM beats")).scalar_one() == 1
-    engine.dispose()
+    with read_session(url) as session:
+        assert session.execute(text("SELECT count(*) FROM beats")).scalar_one() == 1
+    engine.dispose_all()
 
 
 def test_any_other_sqlite_error_is_raised_at_once(tmp_path: Path) -> None:
