@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Table, bindparam, select, update
+from sqlalchemy import CursorResult, Table, and_, bindparam, or_, select, update
 from sqlalchemy.orm import Session
 
 from bidding import clock
@@ -104,7 +104,7 @@ def register(settings: Settings, me: Incarnation, now: float | None = None) -> E
         if row is None:
             session.add(Worker(hostname=me.hostname, node=me.node, boot_id=me.boot_id,
                                pid=me.pid, started_at=me.started_at, last_heartbeat=now,
-                               slots=me.slots, status="online"))
+                               slots=me.slots, status=STARTING))
             return None
         if row.boot_id != me.boot_id and row.status != "ended":
             earlier = Ended(hostname=row.hostname, node=row.node, boot_id=row.boot_id,
@@ -112,7 +112,7 @@ def register(settings: Settings, me: Incarnation, now: float | None = None) -> E
                             why="restarted")
         row.node, row.boot_id, row.pid = me.node, me.boot_id, me.pid
         row.started_at, row.last_heartbeat = me.started_at, now
-        row.slots, row.status = me.slots, "online"
+        row.slots, row.status = me.slots, STARTING
     return earlier
 
 
@@ -144,9 +144,21 @@ def beat_in(session: Session, me: Incarnation, *, now: float, status: str = "onl
     return True
 
 
+#: A registered worker's status until its first heartbeat (its consumer started).
+STARTING = "starting"
+#: Seconds a starting worker may go without a heartbeat beyond the TTL before it is taken
+#: for dead. Registration comes before the pool and the consumer start, and 64 workers
+#: starting at once on two cores took longer than the 10 s TTL to beat first: each was
+#: logged as "stopped heartbeating" while it started (bench/idle.py --nodes 64). A worker
+#: that never beat holds no attempt, so waiting longer for it costs nothing.
+START_GRACE = 60.0
+
 _STALE = (select(Worker.hostname, Worker.node, Worker.boot_id, Worker.started_at,
                  Worker.last_heartbeat)
-          .where(Worker.status != "ended", Worker.last_heartbeat < bindparam("cutoff")))
+          .where(Worker.status != "ended",
+                 or_(and_(Worker.status != STARTING,
+                          Worker.last_heartbeat < bindparam("cutoff")),
+                     Worker.last_heartbeat < bindparam("start_cutoff"))))
 _END = (update(_WORKERS)
         .where(_WORKERS.c.hostname == bindparam("w_host"),
                _WORKERS.c.boot_id == bindparam("w_boot"), _WORKERS.c.status != "ended")
@@ -154,10 +166,12 @@ _END = (update(_WORKERS)
 
 
 def end_stale(settings: Settings, cutoff: float) -> list[Ended]:
-    """Workers silent since before ``cutoff``, each claimed as ended once (a compare-and-set:
-    concurrent sweepers handle each one once). Reads only, when none is stale."""
+    """Workers silent since before ``cutoff`` (a starting one: ``START_GRACE`` longer), each
+    claimed as ended once (a compare-and-set: concurrent sweepers handle each one once). Reads
+    only, when none is stale."""
     with read_session(settings.database_url) as session:
-        stale = session.execute(_STALE, {"cutoff": cutoff}).all()
+        stale = session.execute(_STALE, {"cutoff": cutoff,
+                                         "start_cutoff": cutoff - START_GRACE}).all()
     if not stale:
         return []
     claimed = []

@@ -75,8 +75,9 @@ class Worker(Base):
     last_heartbeat: Mapped[float] = mapped_column(Float)
     #: Pool processes: how many attempts it runs at once (None: not reported).
     slots: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    #: "online", "offline" (draining, or its broker connection lost), or "ended" once a
-    #: watchdog has handled its end (dead for the TTL, or replaced by a new incarnation).
+    #: "starting" (registered, not yet beating), "online", "offline" (draining, or its broker
+    #: connection lost), or "ended" once a watchdog has handled its end (dead for the TTL, or
+    #: replaced by a new incarnation).
     status: Mapped[str] = mapped_column(String(16), default="online")
     #: Ids of the tasks its pool runs now, as of its last heartbeat (what a check of a
     #: delegated task asks the node: is it running that attempt?).

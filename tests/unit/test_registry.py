@@ -94,3 +94,32 @@ def test_a_beat_refreshes_the_node_and_its_worker_in_one_transaction(store_url: 
     with read_session(store_url) as session:
         worker = session.execute(select(Worker).where(Worker.hostname == "redfin@a")).scalar_one()
     assert (worker.last_heartbeat, list(worker.running or [])) == (1100.0, ["t-1"])
+
+
+def test_a_worker_still_starting_is_not_taken_for_dead_until_its_grace_runs_out(
+    store_url: str,
+) -> None:
+    from bidding.nodes import incarnation
+
+    settings = load_settings({"bidding_database_url": store_url}, environ={})
+    # given two workers registered at 1000: one whose consumer started and beat once at
+    # 1000, one still starting (its pool and consumer not up yet: no beat)
+    started = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
+                                      started_at=1000.0, slots=2)
+    starting = incarnation.Incarnation(hostname="redfin@b", node="redfin", boot_id="b2",
+                                       pid=2, started_at=1000.0, slots=2)
+    for me in (started, starting):
+        incarnation.register(settings, me, now=1000.0)
+    assert incarnation.beat(settings, started, now=1000.0)
+
+    # when the watchdog looks a TTL and a second later (its cutoff: now - TTL), neither
+    # having beaten since
+    ended = incarnation.end_stale(settings, cutoff=1001.0)
+
+    # then only the one that had beaten is taken for dead
+    assert [e.hostname for e in ended] == ["redfin@a"]
+    assert ended[0].why == "stopped heartbeating"
+    # and the starting one only once its start grace has run out too
+    assert incarnation.end_stale(settings, cutoff=1000.0 + incarnation.START_GRACE) == []
+    [late] = incarnation.end_stale(settings, cutoff=1001.0 + incarnation.START_GRACE)
+    assert late.hostname == "redfin@b"
