@@ -43,7 +43,10 @@ spread against pack, against slot-counting FIFO.
 
 Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]
 [--only comparison,scale,drift,resources] [--scale-tasks F]``: by default every part, each on
-K seeds (a few minutes on 2 cores with K = 1).
+K seeds (a few minutes on 2 cores with K = 1). ``--only gap --sizes 32,128`` (not in the
+default) runs the scale study's default strategy knowing the true rates, or only its kind of
+node's, and asking every node, one change at a time (``bench/simulation/gap.py``): where its
+gap to the oracle that fills free slots first comes from.
 
 Candidate-cap study: ``--caps 4,6,8,0 --copies K`` replicates the federation K times (twins with
 the same true rates, the offered load scaled with the capacity, N tasks per copy) and runs FIFO,
@@ -71,7 +74,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").absolute() != BENCH_DIR]
 if str(BENCH_DIR.parent) not in sys.path:
     sys.path.insert(0, str(BENCH_DIR.parent))
 
-from bench.simulation import drift, gpu, scale  # noqa: E402
+from bench.simulation import drift, gap, gpu, scale  # noqa: E402
 from bench.simulation.federation import NEWCOMER, WARMUP  # noqa: E402
 from bench.simulation.metrics import Metrics  # noqa: E402
 from bench.simulation.plots import plot_report, plot_scale  # noqa: E402
@@ -87,7 +90,9 @@ from bench.simulation.report import (  # noqa: E402
 )
 from bench.simulation.runner import cap_study_seed, run_seed  # noqa: E402
 
+#: "gap" is not run by default: it says where the scale study's gap comes from.
 PARTS = ("comparison", "scale", "drift", "resources")
+EXTRA_PARTS = ("gap",)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -107,7 +112,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--copies", type=int, default=1,
                         help="with --caps: replicate the federation this many times (default 1)")
     parser.add_argument("--only", default=",".join(PARTS),
-                        help=f"parts to run, comma-separated (default: all of {','.join(PARTS)})")
+                        help=f"parts to run, comma-separated (default: all of {','.join(PARTS)}; "
+                             f"also: {','.join(EXTRA_PARTS)})")
     parser.add_argument("--sizes", default=",".join(str(n) for n in scale.SIZES),
                         help="scale: federation sizes (default 8,32,128,256)")
     parser.add_argument("--scale-tasks", type=float, default=1.0,
@@ -153,7 +159,7 @@ def run_parts(args: argparse.Namespace, seeds: list[int]) -> None:
     """Every part asked for, their runs on one pool of processes (the longest first), then
     their reports in order."""
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
-    unknown = set(parts) - set(PARTS)
+    unknown = set(parts) - set(PARTS) - set(EXTRA_PARTS)
     if unknown:
         raise SystemExit(f"--only: unknown part(s) {', '.join(sorted(unknown))}")
     sizes = tuple(int(n) for n in args.sizes.split(",") if n.strip())
@@ -169,10 +175,13 @@ def run_parts(args: argparse.Namespace, seeds: list[int]) -> None:
                  for n in drift.SIZES for load in scale.LOADS for s in seeds]
     if "resources" in parts:
         work += [("resources", gpu.gpu_seed, s, gpu.TASKS * 4) for s in seeds]
+    if "gap" in parts:
+        work += [("gap", gap.gap_seed, j, j[3] * (3 + j[0] // 32))
+                 for j in scale.jobs(sizes, scale.LOADS, seeds, args.scale_tasks)]
     work.sort(key=lambda w: -w[3])
     with ProcessPoolExecutor(max(1, min(args.jobs, len(work)))) as pool:
         futures = [(part, pool.submit(fn, arg)) for part, fn, arg, _ in work]
-        done: dict[str, list[Any]] = {p: [] for p in PARTS}
+        done: dict[str, list[Any]] = {p: [] for p in (*PARTS, *EXTRA_PARTS)}
         for part, future in futures:
             done[part].append(future.result())
     if "comparison" in parts:
@@ -201,6 +210,10 @@ def run_parts(args: argparse.Namespace, seeds: list[int]) -> None:
               f"seeds {seeds}, tasks " + ", ".join(f"{t} at {n} nodes"
                                                   for n, t in drift.TASKS.items()) + "\n")
         print(drift.table(dcells))
+    if "gap" in parts:
+        print(f"\n## where the gap at scale comes from: points below the oracle that fills "
+              f"free slots first, seeds {seeds}\n")
+        print(gap.table(done["gap"]))
     if "resources" in parts:
         print(f"\n## resources: seeds {seeds}, {gpu.TASKS} tasks per run; {gpu.describe()}\n")
         print(gpu.table(done["resources"]))
