@@ -150,7 +150,9 @@ STARTING = "starting"
 #: for dead. Registration comes before the pool and the consumer start, and 64 workers
 #: starting at once on two cores took longer than the 10 s TTL to beat first: each was
 #: logged as "stopped heartbeating" while it started (bench/idle.py --nodes 64). A worker
-#: that never beat holds no attempt, so waiting longer for it costs nothing.
+#: that never beat holds no attempt, unless its first beat failed and its consumer started
+#: anyway: the watchdog then still moves those attempts at the TTL (their runner's own
+#: check), only the worker's end is called later.
 START_GRACE = 60.0
 
 _STALE = (select(Worker.hostname, Worker.node, Worker.boot_id, Worker.started_at,

@@ -32,6 +32,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from bidding.config import db_pool_size, db_transaction_pooler
 from bidding.store import clock as store_clock
@@ -130,6 +131,7 @@ def _build(url: str) -> _Engines:
         # keeps using the same one, and those a burst opened go idle, so that ``store.trim``
         # can close them (each is a server process on PostgreSQL).
         kwargs["pool_use_lifo"] = True
+        kwargs["poolclass"] = ClosingSlotsPool
         if make_url(url).get_driver_name() == "psycopg":
             # A server that vanished (a half-open connection after a network cut) must fail a
             # session within a minute, not block a node's sweeper or bid threads for ever:
@@ -195,6 +197,26 @@ IDLE_SINCE = "bidding_idle_since"
 #: Set in a thread whose checkouts only look at the pool's idle connections (``store.trim``):
 #: they are neither pinged nor marked as in use.
 _looking = threading.local()
+
+
+class ClosingSlotsPool(QueuePool):
+    """A ``QueuePool`` that lets a slot go when its connection has been closed.
+
+    QueuePool keeps a slot whose connection was invalidated (a disconnect, or ``store.trim``
+    closing it) and opens a new connection in it the next time it is handed out. Here such a
+    slot leaves the pool instead (as a connection beyond the pool's size does on return), so
+    that the idle connections ``trim`` looks at are all live ones, and the next peak opens a
+    new slot as it would have reopened the old one.
+    """
+
+    def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
+        if record.dbapi_connection is None:
+            try:
+                record.close()
+            finally:
+                self._dec_overflow()
+            return
+        super()._do_return_conn(record)
 
 
 class WouldConnect(Exception):

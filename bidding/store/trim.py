@@ -18,6 +18,8 @@ import os
 import threading
 import time
 
+from sqlalchemy.pool import PoolProxiedConnection
+
 from bidding.store.engine import (
     IDLE_SINCE,
     WouldConnect,
@@ -42,8 +44,9 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
     """Close this process's pooled connections to ``url``'s server that have been unused for
     ``after`` seconds, keeping the one returned last; return how many were closed.
 
-    It takes the pool's idle connections (it opens none: ``looking_at_idle``), closes the
-    stale ones and returns the rest. A thread that needs a connection
+    Only while the process is quiet (none of its connections in use), it takes the pool's
+    idle connections (opening none: ``looking_at_idle``), stopping as soon as another thread
+    takes one, closes the stale ones and returns the rest. A thread that needs a connection
     meanwhile gets a new one from the pool, as at any peak.
     """
     if is_sqlite(url):
@@ -51,24 +54,38 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
     pool = engines(url).engine.pool
     if pool.checkedin() <= 1:  # type: ignore[attr-defined]
         return 0
-    taken = []
+    if pool.checkedout() > 0:  # type: ignore[attr-defined]
+        return 0  # not quiet now: the next look
+    taken: list[PoolProxiedConnection | None] = []
     closed = 0
     with looking_at_idle():
         try:
-            while pool.checkedin() > 0:  # type: ignore[attr-defined]
-                taken.append(pool.connect())
-        except WouldConnect:
-            pass  # a slot whose connection was closed before: it stays in the pool, empty
-        now = time.monotonic()
-        # Oldest first. They go back in that order (their idle times unchanged), so that the
-        # one returned last before is on top again and handed out next (LIFO).
-        taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now))
-        for i, conn in enumerate(taken):
-            if i < len(taken) - 1 and now - conn.info.get(IDLE_SINCE, now) >= after:
-                conn.invalidate()  # closes the server connection; its slot opens one on demand
-                closed += 1
-            else:
-                conn.close()
+            # Only what is idle, and only while nobody else is taking: a checkout finding
+            # the pool empty would open a connection (refused here: ``WouldConnect``) or, with
+            # every slot in use, wait for one (which a heartbeat must not do).
+            # (At most one try per slot idle now: an empty slot the pool kept would come
+            # back on top at every try.)
+            for _ in range(pool.checkedin()):  # type: ignore[attr-defined]
+                if (pool.checkedin() == 0  # type: ignore[attr-defined]
+                        or pool.checkedout() != len(taken)):  # type: ignore[attr-defined]
+                    break
+                try:
+                    taken.append(pool.connect())
+                except WouldConnect:
+                    continue  # a slot without a connection: the pool has let it go
+            now = time.monotonic()
+            # Oldest first. They go back in that order (their idle times unchanged), so that
+            # the one returned last before is on top again and handed out next (LIFO).
+            taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now) if c else now)
+            for i, conn in enumerate(taken[:-1]):
+                if conn is not None and now - conn.info.get(IDLE_SINCE, now) >= after:
+                    conn.invalidate()  # closes the server connection; its slot leaves the pool
+                    taken[i] = None
+                    closed += 1
+        finally:
+            for conn in taken:
+                if conn is not None:
+                    conn.close()
     return closed
 
 

@@ -118,3 +118,41 @@ def test_a_trim_that_closes_nothing_does_not_make_the_connections_look_used(pg_u
 
     # Then it closes the two not used last: the first trim's look did not count as a use
     assert closed == 2
+
+
+def test_a_connection_lost_in_use_does_not_hide_the_idle_ones_from_the_trim(
+    pg_url: str,
+) -> None:
+    # Given a pool grown to four connections by a burst, one of which was then lost while
+    # in use (a disconnect: its slot has no connection any more)
+    pids = _open_together(pg_url, 4)
+    pool = get_engine(pg_url).pool
+    lost = pool.connect()
+    lost.invalidate()
+    # and which then used one connection at a time
+    used_last = _backend_pid(pg_url)
+
+    # When it trims the connections unused since
+    closed = trim.trim_idle(pg_url, after=0.0)
+
+    # Then every idle one but the one used last was closed: none is left open behind the
+    # lost one, and the store still answers
+    assert _alive(pg_url, pids) == {used_last}
+    assert closed == 2
+    assert _backend_pid(pg_url) == used_last
+
+
+def test_a_trim_while_another_thread_holds_a_connection_waits_for_nothing(pg_url: str) -> None:
+    # Given a pool of three idle connections, one of them in use by another thread
+    pids = _open_together(pg_url, 3)
+    busy = get_engine(pg_url).pool.connect()
+    try:
+        # When the heartbeat's trim looks (the process is not quiet)
+        started = time.monotonic()
+        closed = trim.trim_idle(pg_url, after=0.0)
+        # Then it returns at once and closes nothing
+        assert closed == 0
+        assert time.monotonic() - started < 1.0
+        assert _alive(pg_url, pids) == set(pids)
+    finally:
+        busy.close()
