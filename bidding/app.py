@@ -242,8 +242,13 @@ def _slots(worker: Any) -> int | None:
 
 
 def _handle_ended(settings: Settings, earlier: incarnation.Ended) -> None:
+    # Outlasting a dropped store connection: nothing else hands the earlier incarnation's
+    # finished tasks to the result backend once this worker has taken its row (a chaos soak
+    # lost one caller's result so, its connection severed mid-transaction). The handling's
+    # writes are compare-and-sets, safe to repeat.
     try:
-        incarnation_ended(settings, earlier)
+        outlasting(settings.database_url, f"handling the earlier incarnation of "
+                   f"{earlier.hostname}", lambda: incarnation_ended(settings, earlier))
     except Exception:  # the watchdogs still find its lost attempts
         logger.exception("handling the earlier incarnation of %s failed", earlier.hostname)
 

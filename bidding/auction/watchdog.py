@@ -9,6 +9,7 @@ has not started by its delivery check, is sent again to the same winner (``resen
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Any, cast
@@ -38,6 +39,7 @@ from bidding.nodes.incarnation import Ended, end_stale, live_slots
 from bidding.nodes.profile import exec_queue
 from bidding.nodes.registry import dead_after, query_live_nodes
 from bidding.store import read_session, write_session
+from bidding.store.outage import outlasting
 from bidding.store.schema import AnnouncementRow, Episode, Message, Node, Worker
 
 logger = logging.getLogger(__name__)
@@ -137,8 +139,12 @@ def check_winners(ctx: Context, now: float | None = None,
     now = clock.now() if now is None else now
     cutoff = dead_after(ctx.settings, now)
     for ended in end_stale(ctx.settings, cutoff):
+        # Claimed ended above, so no later pass handles it again: a dropped connection is
+        # outlasted (its writes are compare-and-sets), for a while.
         try:
-            incarnation_ended(ctx.settings, ended, now)
+            outlasting(ctx.settings.database_url, f"handling the end of worker {ended.hostname}",
+                       functools.partial(incarnation_ended, ctx.settings, ended, now),
+                       patience=ENDED_PATIENCE)
         except Exception:
             logger.exception("watchdog: handling the end of worker %s failed", ended.hostname)
     with read_session(ctx.settings.database_url) as session:
@@ -234,6 +240,9 @@ def _start_clock(settings: Settings, node: str, now: float) -> float | None:
     return float(freed) if freed is not None else None
 
 
+#: Seconds the watchdog outlasts a dropped store connection while it hands on an ended
+#: worker's attempts (its sweep phase waits that long at most).
+ENDED_PATIENCE = 30.0
 #: Seconds before the end of a worker's last heartbeat in which the attempts it finished are
 #: checked against the result backend (it may have died between the store and the backend).
 FINISHED_BEFORE_END = 60.0

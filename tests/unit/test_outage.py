@@ -69,3 +69,34 @@ def test_any_other_sqlite_error_is_raised_at_once(tmp_path: Path) -> None:
         outlasting(url, "a write", write, patience=10)
     assert len(tries) == 1
     engine.dispose()
+
+
+def test_a_restarted_worker_hands_on_its_predecessor_despite_a_dropped_connection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Given a worker restarted under its name, whose handling of the earlier incarnation (its
+    # lost attempts, its finished tasks' results for the backend) meets a store connection
+    # severed mid-transaction once: nothing else would hand those on, the row being taken
+    from sqlalchemy.exc import OperationalError
+
+    import bidding.app as app_module
+    from bidding.config import Settings
+    from bidding.nodes.incarnation import Ended
+
+    calls: list[Ended] = []
+
+    def severed_once(_settings: Settings, earlier: Ended) -> None:
+        calls.append(earlier)
+        if len(calls) == 1:
+            raise OperationalError("UPDATE bidding_announcements ...", {},
+                                   Exception("server closed the connection unexpectedly"))
+
+    monkeypatch.setattr(app_module, "incarnation_ended", severed_once)
+    earlier = Ended("soak-3@vm", "soak-3", "b1", 1000.0, 1010.0, "restarted")
+    settings = Settings(database_url="postgresql://bidding@127.0.0.1/bidding")
+
+    # When the restarted worker handles it
+    app_module._handle_ended(settings, earlier)
+
+    # Then it tried again on a fresh connection and the handling ran through
+    assert calls == [earlier, earlier]
