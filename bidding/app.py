@@ -51,6 +51,7 @@ from bidding.nodes.warm import add_warm
 from bidding.observe.monitor import Monitor
 from bidding.store import ensure_schema
 from bidding.store.engine import reset_after_fork
+from bidding.store.outage import PATIENCE as OUTAGE_PATIENCE
 from bidding.store.outage import outlasting
 from bidding.strategies.resolver import resolve_strategy
 
@@ -242,13 +243,10 @@ def _slots(worker: Any) -> int | None:
 
 
 def _handle_ended(settings: Settings, earlier: incarnation.Ended) -> None:
-    # Outlasting a dropped store connection: nothing else hands the earlier incarnation's
-    # finished tasks to the result backend once this worker has taken its row (a chaos soak
-    # lost one caller's result so, its connection severed mid-transaction). The handling's
-    # writes are compare-and-sets, safe to repeat.
     try:
-        outlasting(settings.database_url, f"handling the earlier incarnation of "
-                   f"{earlier.hostname}", lambda: incarnation_ended(settings, earlier))
+        # In a thread of its own, so it may outlast a dropped connection as long as a write
+        # that must not fail does.
+        incarnation_ended(settings, earlier, patience=OUTAGE_PATIENCE)
     except Exception:  # the watchdogs still find its lost attempts
         logger.exception("handling the earlier incarnation of %s failed", earlier.hostname)
 

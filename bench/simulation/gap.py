@@ -22,17 +22,10 @@ from collections.abc import Callable, Mapping
 from bench.common.markdown import row, rule
 from bench.simulation.auction import Auction, BidFn
 from bench.simulation.baselines import oracle_free_slot
-from bench.simulation.federation import (
-    FEDERATION,
-    NodeSpec,
-    arrival_rate,
-    registration_order,
-    varied,
-)
+from bench.simulation.federation import NodeSpec
 from bench.simulation.metrics import measure
 from bench.simulation.runner import simulate, stream_seed
-from bench.simulation.scale import DEFAULT, REFERENCE
-from bench.simulation.tasks import make_tasks
+from bench.simulation.scale import DEFAULT, REFERENCE, cell
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes.profile import NodeProfile
@@ -74,10 +67,8 @@ def bid_fn(knows: str, specs: Mapping[str, NodeSpec]) -> BidFn:
 def gap_seed(args: tuple[int, float, int, int]) -> tuple[int, float, dict[str, float]]:
     """(nodes, load, seed, tasks): success after warm-up of the reference and each variant."""
     nodes, load, seed, n_tasks = args
-    federation = varied(FEDERATION, max(1, nodes // len(FEDERATION)), seed)
+    federation, tasks, founders = cell(nodes, load, seed, n_tasks)
     specs = {s.name: s for s in federation}
-    tasks = make_tasks(n_tasks, seed, arrival_rate(federation, load))
-    founders = registration_order(federation, seed)
     out = {}
     ref = simulate(oracle_free_slot, tasks, federation, founders, stream_seed(seed, REFERENCE))
     out[REFERENCE] = measure(ref, federation).success_warm

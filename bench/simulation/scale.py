@@ -28,6 +28,7 @@ from bench.simulation.baselines import (
 )
 from bench.simulation.federation import (
     FEDERATION,
+    NodeSpec,
     arrival_rate,
     registration_order,
     varied,
@@ -35,7 +36,7 @@ from bench.simulation.federation import (
 from bench.simulation.metrics import Metrics, measure
 from bench.simulation.runner import simulate, stream_seed
 from bench.simulation.sim import Policy
-from bench.simulation.tasks import make_tasks
+from bench.simulation.tasks import Task, make_tasks
 
 SIZES = (8, 32, 128, 256)
 LOADS = (0.5, 0.9)
@@ -62,12 +63,18 @@ COLUMNS = ("nodes", "load", "policy", "success % after warm-up", "completion p50
            "p99 s", "load max/mean", "newcomers % of 2nd half")
 
 
+def cell(nodes: int, load: float, seed: int,
+         n_tasks: int) -> tuple[tuple[NodeSpec, ...], list[Task], list[str]]:
+    """One cell's run: its federation, its tasks, and its founders in registration order."""
+    federation = varied(FEDERATION, max(1, nodes // len(FEDERATION)), seed)
+    tasks = make_tasks(n_tasks, seed, arrival_rate(federation, load))
+    return federation, tasks, registration_order(federation, seed)
+
+
 def scale_seed(args: tuple[int, float, int, int]) -> tuple[int, float, dict[str, Metrics]]:
     """(nodes, load, seed, tasks): every policy of SCALE_POLICIES on the same tasks."""
     nodes, load, seed, n_tasks = args
-    federation = varied(FEDERATION, max(1, nodes // len(FEDERATION)), seed)
-    tasks = make_tasks(n_tasks, seed, arrival_rate(federation, load))
-    founders = registration_order(federation, seed)
+    federation, tasks, founders = cell(nodes, load, seed, n_tasks)
     out = {}
     for label, factory in SCALE_POLICIES:
         sim = simulate(factory(), tasks, federation, founders, stream_seed(seed, label))

@@ -139,12 +139,8 @@ def check_winners(ctx: Context, now: float | None = None,
     now = clock.now() if now is None else now
     cutoff = dead_after(ctx.settings, now)
     for ended in end_stale(ctx.settings, cutoff):
-        # Claimed ended above, so no later pass handles it again: a dropped connection is
-        # outlasted (its writes are compare-and-sets), for a while.
         try:
-            outlasting(ctx.settings.database_url, f"handling the end of worker {ended.hostname}",
-                       functools.partial(incarnation_ended, ctx.settings, ended, now),
-                       patience=ENDED_PATIENCE)
+            incarnation_ended(ctx.settings, ended, now)
         except Exception:
             logger.exception("watchdog: handling the end of worker %s failed", ended.hostname)
     with read_session(ctx.settings.database_url) as session:
@@ -240,15 +236,18 @@ def _start_clock(settings: Settings, node: str, now: float) -> float | None:
     return float(freed) if freed is not None else None
 
 
-#: Seconds the watchdog outlasts a dropped store connection while it hands on an ended
-#: worker's attempts (its sweep phase waits that long at most).
-ENDED_PATIENCE = 30.0
 #: Seconds before the end of a worker's last heartbeat in which the attempts it finished are
 #: checked against the result backend (it may have died between the store and the backend).
 FINISHED_BEFORE_END = 60.0
 
 
-def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None) -> None:
+#: Seconds ``incarnation_ended`` outlasts a dropped store connection by default (the
+#: watchdog's sweep phase waits that long at most; a restarted worker's own thread longer).
+ENDED_PATIENCE = 30.0
+
+
+def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None,
+                      patience: float = ENDED_PATIENCE) -> None:
     """A worker's incarnation ended (a new one took its name, or it stopped heartbeating).
 
     Its running attempts are lost: ``check_winners`` finds them (their boot id is not their
@@ -258,10 +257,21 @@ def incarnation_ended(settings: Settings, ended: Ended, now: float | None = None
     timeout; the node runs one copy), and the attempts it finished in its last minute have
     their final state written to the result backend again if it is missing there (it may have
     died between the store and the backend).
+
+    Its caller has claimed the end already (the worker's row is ended, or a new incarnation
+    took it), so no later pass handles it again: a dropped store connection is outlasted for
+    ``patience`` seconds (a chaos soak lost one caller's result when a restarted worker's
+    handling met a sever mid-transaction). Its writes are compare-and-sets, safe to repeat.
     """
     now = clock.now() if now is None else now
     logger.warning("worker %s of node %s %s; its running attempts are lost", ended.hostname,
                    ended.node, ended.why)
+    outlasting(settings.database_url, f"handling the end of worker {ended.hostname}",
+               functools.partial(_hand_on, settings, ended, now), patience=patience)
+
+
+def _hand_on(settings: Settings, ended: Ended, now: float) -> None:
+    """``incarnation_ended``'s writes, in one transaction."""
     with write_session(settings.database_url) as session:
         assigned = session.execute(
             select(AnnouncementRow.task_id, AnnouncementRow.attempt)

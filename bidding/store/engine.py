@@ -194,9 +194,13 @@ def _configure_sqlite(engine: Engine) -> None:
 
 #: A pooled connection's ``info`` key: when it was last returned to the pool (monotonic).
 IDLE_SINCE = "bidding_idle_since"
-#: Set in a thread whose checkouts only look at the pool's idle connections (``store.trim``):
-#: they are neither pinged nor marked as in use.
-_looking = threading.local()
+class _Looking(threading.local):
+    #: Set in a thread whose checkouts only look at the pool's idle connections
+    #: (``store.trim``): they are neither pinged nor marked as in use.
+    on = False
+
+
+_looking = _Looking()
 
 
 class ClosingSlotsPool(QueuePool):
@@ -248,17 +252,17 @@ def _check_on_checkout(engine: Engine) -> None:
 
     @event.listens_for(engine, "do_connect")
     def _on_connect(*_args: Any) -> None:
-        if getattr(_looking, "on", False):
+        if _looking.on:
             raise WouldConnect("looking at idle connections only")
 
     @event.listens_for(engine, "checkin")
     def _on_checkin(_dbapi_connection: Any, record: Any) -> None:
-        if not getattr(_looking, "on", False):
+        if not _looking.on:
             record.info[IDLE_SINCE] = time.monotonic()
 
     @event.listens_for(engine, "checkout")
     def _on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        if getattr(_looking, "on", False):
+        if _looking.on:
             return
         since = record.info.pop(IDLE_SINCE, None)
         if since is None:
@@ -294,7 +298,7 @@ def _has_news(dbapi_connection: Any) -> bool:
 WRITE_LOCK_WAIT = 30.0
 
 
-def _begin_immediate(dbapi_connection: Any, timeout: float | None = None) -> None:
+def _begin_immediate(dbapi_connection: Any) -> None:
     """Take SQLite's write lock, polling finely.
 
     SQLite's own busy handler sleeps 1, 2, 5, 10 ... 100 ms between tries, so a writer often
@@ -302,7 +306,7 @@ def _begin_immediate(dbapi_connection: Any, timeout: float | None = None) -> Non
     was most of an auction's time (bench/latency.py). Here the handler is off for this one
     statement and we retry every 0.2-2 ms with jitter.
     """
-    deadline = time.monotonic() + (WRITE_LOCK_WAIT if timeout is None else timeout)
+    deadline = time.monotonic() + WRITE_LOCK_WAIT
     pause = 0.0002
     cursor = dbapi_connection.cursor()
     try:

@@ -56,15 +56,14 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
         return 0
     if pool.checkedout() > 0:  # type: ignore[attr-defined]
         return 0  # not quiet now: the next look
-    taken: list[PoolProxiedConnection | None] = []
+    taken: list[PoolProxiedConnection] = []
     closed = 0
     with looking_at_idle():
         try:
             # Only what is idle, and only while nobody else is taking: a checkout finding
             # the pool empty would open a connection (refused here: ``WouldConnect``) or, with
-            # every slot in use, wait for one (which a heartbeat must not do).
-            # (At most one try per slot idle now: an empty slot the pool kept would come
-            # back on top at every try.)
+            # every slot in use, wait for one (which a heartbeat must not do). At most one
+            # try per slot idle now: an empty slot the pool kept would come back at every try.
             for _ in range(pool.checkedin()):  # type: ignore[attr-defined]
                 if (pool.checkedin() == 0  # type: ignore[attr-defined]
                         or pool.checkedout() != len(taken)):  # type: ignore[attr-defined]
@@ -76,16 +75,14 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
             now = time.monotonic()
             # Oldest first. They go back in that order (their idle times unchanged), so that
             # the one returned last before is on top again and handed out next (LIFO).
-            taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now) if c else now)
-            for i, conn in enumerate(taken[:-1]):
-                if conn is not None and now - conn.info.get(IDLE_SINCE, now) >= after:
-                    conn.invalidate()  # closes the server connection; its slot leaves the pool
-                    taken[i] = None
-                    closed += 1
+            taken.sort(key=lambda c: c.info.get(IDLE_SINCE, now))
+            for conn in [c for c in taken[:-1] if now - c.info.get(IDLE_SINCE, now) >= after]:
+                taken.remove(conn)
+                conn.invalidate()  # closes the server connection; its slot leaves the pool
+                closed += 1
         finally:
             for conn in taken:
-                if conn is not None:
-                    conn.close()
+                conn.close()
     return closed
 
 

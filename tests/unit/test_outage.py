@@ -80,18 +80,19 @@ def test_a_restarted_worker_hands_on_its_predecessor_despite_a_dropped_connectio
     from sqlalchemy.exc import OperationalError
 
     import bidding.app as app_module
+    import bidding.auction.watchdog as watchdog
     from bidding.config import Settings
     from bidding.nodes.incarnation import Ended
 
     calls: list[Ended] = []
 
-    def severed_once(_settings: Settings, earlier: Ended) -> None:
+    def severed_once(_settings: Settings, earlier: Ended, _now: float) -> None:
         calls.append(earlier)
         if len(calls) == 1:
             raise OperationalError("UPDATE bidding_announcements ...", {},
                                    Exception("server closed the connection unexpectedly"))
 
-    monkeypatch.setattr(app_module, "incarnation_ended", severed_once)
+    monkeypatch.setattr(watchdog, "_hand_on", severed_once)
     earlier = Ended("soak-3@vm", "soak-3", "b1", 1000.0, 1010.0, "restarted")
     settings = Settings(database_url="postgresql://bidding@127.0.0.1/bidding")
 
