@@ -50,6 +50,7 @@ from bidding.lifecycle import lease
 from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.periodic import IDLE_PASSES, Periodic, idle_pause
+from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
 
@@ -198,13 +199,14 @@ class Sweeper:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
         it lapses); start or stop the sweeping loops when that changes, and say so."""
         try:
-            if self.leading:  # the renewal: a write, no read first
-                ttl = self.settings.heartbeat_ttl
-                held = lease.hold(self.settings.database_url, self.holder, ttl)
-                seen = lease.Look(held, clock.now() + ttl if held else None)
-            else:
-                seen = lease.look(self.settings.database_url, self.holder,
-                                  self.settings.heartbeat_ttl)
+            with quiet_turn():  # a statement every few seconds: beside the idle passes
+                if self.leading:  # the renewal: a write, no read first
+                    ttl = self.settings.heartbeat_ttl
+                    held = lease.hold(self.settings.database_url, self.holder, ttl)
+                    seen = lease.Look(held, clock.now() + ttl if held else None)
+                else:
+                    seen = lease.look(self.settings.database_url, self.holder,
+                                      self.settings.heartbeat_ttl)
         except Exception:
             self.lease_until = None
             self._lead(False)  # the store unreachable: another node may sweep meanwhile
@@ -238,7 +240,13 @@ class Sweeper:
         """One pass of a sweeping loop while this node sweeps, counting the empty ones."""
         if not self.leading:
             return
-        self.empty[name] = 0 if found_work(run()) else self.empty.get(name, 0) + 1
+        if self.empty.get(name, 0) >= IDLE_PASSES:
+            # An idle pass: on the process's turn, so that the idle loops share a connection.
+            with quiet_turn():
+                result = run()
+        else:
+            result = run()
+        self.empty[name] = 0 if found_work(result) else self.empty.get(name, 0) + 1
         if name == "announce_due":
             self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None
 

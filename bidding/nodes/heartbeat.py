@@ -25,6 +25,7 @@ from bidding.nodes.registry import invalidate_cache
 from bidding.store import trim, write_session
 from bidding.store.outage import outlasting
 from bidding.store.schema import Node, Worker
+from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
 
@@ -152,8 +153,9 @@ class Heartbeat:
         # idle timeout) is tried again at once on a fresh one, within its interval: a node
         # whose beats failed twice in a row would otherwise back off past its TTL and look
         # dead while it runs.
-        outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
-                   self._beat_once, patience=self.settings.heartbeat_interval)
+        with quiet_turn():  # beside the sweeper's idle passes, on the same connection
+            outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
+                       self._beat_once, patience=self.settings.heartbeat_interval)
         # The beat's rhythm also gives back the store connections the node's threads opened
         # together and no longer use (an idle node then holds one).
         try:

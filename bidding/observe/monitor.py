@@ -12,9 +12,10 @@ from __future__ import annotations
 from celery import Celery
 
 from bidding.config import Settings
-from bidding.nodes.periodic import Periodic
+from bidding.nodes.periodic import IDLE_PASSES, Periodic
 from bidding.observe.checking import Pass, check_due
 from bidding.observe.watch import idle_pass_interval
+from bidding.store.turns import quiet_turn
 
 
 class Monitor:
@@ -38,7 +39,12 @@ class Monitor:
 
     def run_once(self) -> Pass:
         """One pass now."""
-        self.last = check_due(self.settings, app=self.app)
+        if self.empty_passes >= IDLE_PASSES:
+            # An idle pass: on the process's turn, beside the node's other idle loops.
+            with quiet_turn():
+                self.last = check_due(self.settings, app=self.app)
+        else:
+            self.last = check_due(self.settings, app=self.app)
         busy = self.last.written or self.last.escalated
         self.empty_passes = 0 if busy else self.empty_passes + 1
         return self.last
