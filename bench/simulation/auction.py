@@ -1,7 +1,8 @@
 """A production auction in the simulation: who is asked, their bids, fresh loads, ``decide``.
 
 Every step calls the PRODUCTION code (modules of ``bidding``):
-``auction.candidates.select_candidates`` (who is asked), ``auction.bid.compute_bid`` (each node's
+``auction.candidates.select_candidates`` (who is asked, ranked with each node's record on the
+task type as ``nodes.records`` keeps it), ``auction.bid.compute_bid`` (each node's
 bid from its profile and a ``NodeHistory`` built as ``auction.history.gather_history`` builds it
 from the store), ``auction.decision.refresh_loads`` and ``auction.decision.decide`` with the
 strategy from ``strategies.resolve_strategy``.
@@ -89,7 +90,10 @@ class Auction:
             and (not task.needs
                  or resources.shortfall(task.needs, sim.specs[n].profile.resources) is None)
         ]
-        candidates = select_candidates(announcement, live, sim.rng)
+        candidates = select_candidates(
+            announcement, live, sim.rng,
+            records=lambda names: {n: sim.typed[(n, task.task_type)] for n in names
+                                   if (n, task.task_type) in sim.typed})
         bids: list[Bid] = []
         refusals: list[Refusal] = []
         for name in candidates:

@@ -62,6 +62,8 @@ class Sim:
     failures: dict[tuple[str, str], deque[float]] = field(default_factory=dict)
     attempts: dict[str, int] = field(default_factory=dict)
     successes: dict[str, int] = field(default_factory=dict)
+    #: Per (node, type): finished attempts and successes (``nodes.records``' rows).
+    typed: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
     records: list[Record] = field(default_factory=list)
     #: False: slot counting only, a start ignores the node's resources (FIFO's view).
     enforce: bool = True
@@ -189,6 +191,8 @@ class Sim:
             self.failures.setdefault(key, deque()).append(now)
         self.attempts[node] += 1
         self.successes[node] += int(ok)
+        tried, won = self.typed.get(key, (0, 0))
+        self.typed[key] = (tried + 1, won + int(ok))
         self.pull(node, now)
 
     def pull(self, node: str, now: float) -> None:

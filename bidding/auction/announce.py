@@ -8,6 +8,7 @@ backoff and a deferred task are announced by a sweeper when they come due (``ann
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 
@@ -28,6 +29,7 @@ from bidding.config import Settings
 from bidding.context import Context
 from bidding.lifecycle import events, journal, parking, states
 from bidding.models import Announcement
+from bidding.nodes.records import records_of
 from bidding.nodes.registry import LiveNode, coming_back, live_nodes
 from bidding.store import ensure_schema, read_session, write_session
 from bidding.store.outage import outlasting
@@ -163,10 +165,13 @@ def _look(
     them rather than failing or deferring (``registry.coming_back``).
     """
     live = live_nodes(settings)
-    candidates = select_candidates(announcement, live)
+    # Read only when there are more eligible nodes than the cap: their best half by their
+    # record on this task type.
+    typed = functools.partial(records_of, settings, announcement.task_type)
+    candidates = select_candidates(announcement, live, records=typed)
     if not candidates:
         live = live_nodes(settings, fresh=True)
-        candidates = select_candidates(announcement, live)
+        candidates = select_candidates(announcement, live, records=typed)
     waiting = (
         coming_back(settings, announcement.required_skills, needs=announcement.resources)
         if not candidates and in_time else []

@@ -11,24 +11,31 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from bidding import resources
 from bidding.auction import scores
 from bidding.models import Announcement, BidMode
+from bidding.nodes.records import Record
 from bidding.nodes.registry import LiveNode
 
 
-def prior_score(announcement: Announcement, node: LiveNode) -> float:
+def prior_score(announcement: Announcement, node: LiveNode,
+                record: Record | None = None) -> float:
     """What the producer can tell about a node before it bids: skill match, and its trust as
-    learned from its record (the declared trust moved toward its success rate, as in bids).
+    learned from its record (the declared trust moved toward its success rate, as in bids),
+    then moved toward its ``record`` on the task's type (attempts, successes) when given.
 
     Declared trust alone let a node that claims every skill and high trust hold a place in the
     best half however often it failed (bench/quality.py --caps, 32 nodes: cap 4 got 76.7%
-    success with declared trust, 85.6% with learned trust).
+    success with declared trust, 85.6% with learned trust). The node-wide record does not see
+    who is good at the task type at hand: with the type's record, the best half holds the
+    nodes that do this type well (bench/quality.py, "Ranking the asked nodes").
     """
     match = scores.capability_score(announcement.required_skills, node.capabilities)
     trust = scores.learned_trust(node.trust, node.successes, node.attempts)
+    if record is not None:
+        trust = scores.learned_trust(trust, record[1], record[0])
     # In bands of 10 points, as the Kubernetes scheduler scores in coarse integers: nodes with
     # about the same record tie, and ties are drawn at random, so the best half rotates among
     # them instead of going to the same few for ever.
@@ -73,14 +80,16 @@ def not_excluded(capable: Sequence[LiveNode], exclude: Sequence[str]) -> list[Li
 
 
 def select_candidates(
-    announcement: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None
+    announcement: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None,
+    records: Callable[[Sequence[str]], Mapping[str, Record]] | None = None,
 ) -> list[str]:
     """Live nodes that could bid (filter), capped at ``announcement.candidate_cap`` (best half
     and random; "auto": ``scaled_cap`` of the eligible nodes).
 
     Nodes in ``announcement.exclude_nodes`` (they failed this task or went offline with it) are
-    left out
-    while others can do it (``not_excluded``).
+    left out while others can do it (``not_excluded``). ``records``: the eligible nodes'
+    records on the task's type, asked for only when there are more than the cap (the best
+    half is ranked with them; a node without one is ranked by its node-wide record).
     """
     required = set(announcement.required_skills)
     capable = [n for n in live if (not required or required & set(n.capabilities))
@@ -92,7 +101,9 @@ def select_candidates(
     if cap == 0 or len(eligible) <= cap:
         return [n.name for n in eligible]
     rng = rng or random.Random()
-    ranked = sorted(eligible, key=lambda n: (-prior_score(announcement, n), rng.random()))
+    typed = records([n.name for n in eligible]) if records is not None else {}
+    ranked = sorted(eligible, key=lambda n: (
+        -prior_score(announcement, n, typed.get(n.name)), rng.random()))
     keep = math.ceil(cap / 2)
     chosen = ranked[:keep] + rng.sample(ranked[keep:], cap - keep)
     return [n.name for n in chosen]

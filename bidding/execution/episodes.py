@@ -10,33 +10,66 @@ from __future__ import annotations
 from functools import cache
 from typing import Any, Final, cast
 
-from sqlalchemy import Integer, ScalarSelect, Table, Update, bindparam, case, select, update
+from sqlalchemy import (
+    Integer,
+    ScalarSelect,
+    Table,
+    Update,
+    bindparam,
+    case,
+    literal,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
 from bidding.store.once import insert_once
-from bidding.store.schema import BidRow, Episode, LedgerEntry, Node
+from bidding.store.schema import BidRow, Episode, LedgerEntry, Node, NodeRecord
 
 _NODES: Final = cast(Table, Node.__table__)
 _EPISODES: Final = cast(Table, Episode.__table__)
 _LEDGER: Final = cast(Table, LedgerEntry.__table__)
+_RECORDS: Final = cast(Table, NodeRecord.__table__)
 # Core, not ORM: an ORM UPDATE first works out which loaded objects to refresh.
 _RECORD = (update(_NODES).where(_NODES.c.name == bindparam("node"))
            .values(attempts=_NODES.c.attempts + 1,
                    successes=_NODES.c.successes + bindparam("won", type_=Integer)))
 
 
-def count_episode(session: Session, node: str, success: bool) -> None:
-    """Add one finished attempt to ``node``'s record (call once per new episode row)."""
+
+
+def _typed_upsert(insert: Any) -> Any:
+    """``INSERT`` of a node's record on a task type that adds to the row when there is one
+    (``insert``: the dialect's own, for its ``ON CONFLICT``)."""
+    stmt = insert(_RECORDS)
+    return stmt.on_conflict_do_update(
+        index_elements=[_RECORDS.c.node, _RECORDS.c.task_type],
+        set_={"attempts": _RECORDS.c.attempts + stmt.excluded.attempts,
+              "successes": _RECORDS.c.successes + stmt.excluded.successes})
+
+
+_TYPED = {"postgresql": _typed_upsert(postgresql_insert), "sqlite": _typed_upsert(sqlite_insert)}
+
+
+def count_episode(session: Session, node: str, success: bool, task_type: str | None = None,
+                  lost: bool = False) -> None:
+    """Add one finished attempt to ``node``'s record, and (``task_type`` given, the attempt
+    not lost with its worker) to its record on that type (call once per new episode row)."""
     session.execute(_RECORD, {"node": node, "won": int(success)})
+    if task_type is not None and not lost:
+        session.execute(_TYPED[session.get_bind().dialect.name], {
+            "node": node, "task_type": task_type, "attempts": 1, "successes": int(success)})
 
 
 def record_episode(session: Session, values: dict[str, Any]) -> None:
     """Store an attempt's episode once (a redelivery, or a sweep racing the node, keeps the
-    first) and count a new one in its node's record."""
+    first) and count a new one in its node's records."""
     if insert_once(session, _EPISODES, values, report=True):
-        count_episode(session, values["node"], bool(values["success"]))
+        count_episode(session, values["node"], bool(values["success"]), values["task_type"],
+                      bool(values.get("lost", False)))
 
 
 #: The episode's columns copied from its node's bid, and the bid's column each comes from.
@@ -110,11 +143,25 @@ def _record_attempt(episode: tuple[str, ...], charge: tuple[str, ...]) -> Update
                 .values({**{c: bindparam(f"e_{c}", type_=_EPISODES.c[c].type)
                             for c in episode}, **claimed})
                 .on_conflict_do_nothing()
-                .returning(_EPISODES.c.node, _EPISODES.c.success)
+                .returning(_EPISODES.c.node, _EPISODES.c.success, _EPISODES.c.task_type,
+                           _EPISODES.c.lost)
                 .cte("recorded"))
     won = select(case((recorded.c.success, 1), else_=0)).scalar_subquery()
+    # The node's record on the task type, in the same statement (lost attempts left out).
+    typed_insert = postgresql_insert(_RECORDS)
+    typed = (typed_insert
+             .from_select(["node", "task_type", "attempts", "successes"],
+                          select(recorded.c.node, recorded.c.task_type, literal(1),
+                                 case((recorded.c.success, 1), else_=0))
+                          .where(recorded.c.lost.is_(False)))
+             .on_conflict_do_update(
+                 index_elements=[_RECORDS.c.node, _RECORDS.c.task_type],
+                 set_={"attempts": _RECORDS.c.attempts + typed_insert.excluded.attempts,
+                       "successes": _RECORDS.c.successes + typed_insert.excluded.successes})
+             .cte("typed"))
     stmt = (update(_NODES).where(_NODES.c.name == select(recorded.c.node).scalar_subquery())
-            .values(attempts=_NODES.c.attempts + 1, successes=_NODES.c.successes + won))
+            .values(attempts=_NODES.c.attempts + 1, successes=_NODES.c.successes + won)
+            .add_cte(typed))
     if charge:
         charged = (postgresql_insert(_LEDGER)
                    .values({c: bindparam(f"l_{c}", type_=_LEDGER.c[c].type) for c in charge})

@@ -233,6 +233,19 @@ class Episode(Base):
     )
 
 
+class NodeRecord(Base):
+    """A node's record on one task type: its finished attempts of that type and how many
+    succeeded (lost ones left out, as in its experience), kept with its episodes, so that an
+    announcer can rank many nodes by what they did on the type at hand with one read."""
+
+    __tablename__ = "bidding_node_records"
+
+    node: Mapped[str] = mapped_column(String(32), primary_key=True)
+    task_type: Mapped[str] = mapped_column(String(64), primary_key=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    successes: Mapped[int] = mapped_column(Integer, default=0)
+
+
 class Tag(Base):
     """One tag of a task (AITP ``metadata.tags``): a row per tag, so that tasks are found by
     tag with an index on every database."""

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -26,8 +27,9 @@ from bidding.auction.proxy import PROXY_CLOSE
 from bidding.context import Context
 from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import invalidate_cache
 from bidding.store import read_session, write_session
-from bidding.store.schema import AnnouncementRow, Message
+from bidding.store.schema import AnnouncementRow, Message, NodeRecord
 from tests.integration.app import failing, gpu, phantom, shared
 from tests.integration.conftest import (
     NODES,
@@ -74,6 +76,26 @@ def test_routing_follows_capability(cluster: Cluster) -> None:
     why = bidding.explain(results[0].id, app=cluster.app)
     assert why.candidates == ["east"]
     assert [b.node for b in why.bids] == ["east"]
+
+
+def test_a_capped_auction_asks_the_node_with_the_best_record_on_the_task_type(
+    cluster: Cluster,
+) -> None:
+    # given three nodes that can all do shared work, and a task type on which south has
+    # done well (40 attempts, 39 succeeded) and north and east poorly (40, 16)
+    task_type = f"ranked-{uuid.uuid4().hex[:8]}"
+    with write_session(cluster.settings.database_url) as session:
+        session.execute(insert(NodeRecord), [
+            {"node": name, "task_type": task_type, "attempts": 40,
+             "successes": 39 if name == "south" else 16} for name in NODES])
+    invalidate_cache()
+    # when five such tasks are announced, each asking one node only (the best by record)
+    results = [shared.apply_async((i,), bidding={"candidate_cap": 1, "task_type": task_type})
+               for i in range(5)]
+    # then every one was asked of south and ran there
+    assert {r.get(timeout=20)["node"] for r in results} == {"south"}
+    assert {tuple(bidding.explain(r.id, app=cluster.app).candidates) for r in results} == {
+        ("south",)}
 
 
 def test_a_node_whose_queue_has_no_consumer_does_not_stall_the_auction(cluster: Cluster) -> None:

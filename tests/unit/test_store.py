@@ -28,7 +28,7 @@ from bidding.store.schema import Base, Node
 TABLES = {"bidding_nodes", "bidding_announcements", "bidding_bids", "bidding_episodes",
           "bidding_messages", "bidding_ledger", "bidding_workers",
           "bidding_graphs", "bidding_graph_steps", "bidding_jobs", "bidding_tags",
-          "bidding_metric_totals"}
+          "bidding_metric_totals", "bidding_node_records"}
 
 
 def schema_diff(url: str) -> list:
