@@ -240,12 +240,17 @@ class Sweeper:
         """One pass of a sweeping loop while this node sweeps, counting the empty ones."""
         if not self.leading:
             return
-        if self.empty.get(name, 0) >= IDLE_PASSES:
-            # An idle pass: on the process's turn, so that the idle loops share a connection.
-            with quiet_turn():
-                result = run()
-        else:
-            result = run()
+        if self.empty.get(name, 0) < IDLE_PASSES:
+            self._count(name, run())
+            return
+        # An idle pass (and its look at the next due time): on the process's turn, so that
+        # the idle loops share a connection.
+        with quiet_turn():
+            self._count(name, run())
+
+    def _count(self, name: str, result: object) -> None:
+        """Count a pass that found nothing; an idle ``announce_due`` reads when the next
+        waiting task comes due."""
         self.empty[name] = 0 if found_work(result) else self.empty.get(name, 0) + 1
         if name == "announce_due":
             self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None

@@ -115,3 +115,34 @@ def test_a_small_federation_never_reads_the_records() -> None:
     # when the candidates are drawn, then every node is asked without a read
     assert select_candidates(announcement, nodes, random.Random(0),
                              records=records) == [n.name for n in nodes]
+
+
+def test_the_records_are_read_once_per_type_while_fresh_and_a_failed_read_ranks_without_them(
+    monkeypatch: Any,
+) -> None:
+    # given an announcer's cache of the records, and a store that counts the reads
+    from bidding.nodes import records
+
+    records.invalidate_cache()
+    reads: list[list[str]] = []
+
+    def read(settings: Settings, task_type: str, nodes: Any) -> dict[str, tuple[int, int]]:
+        reads.append(list(nodes))
+        return {n: (10, 9) for n in nodes}
+
+    monkeypatch.setattr(records, "read_records", read)
+    settings = Settings(database_url="sqlite://", live_cache_seconds=60)
+    # when auctions of one type ask for the records of some nodes, then of more
+    assert records.records_of(settings, "extract", ["a", "b"]) == {"a": (10, 9), "b": (10, 9)}
+    assert records.records_of(settings, "extract", ["b", "a"]) == {"a": (10, 9), "b": (10, 9)}
+    assert set(records.records_of(settings, "extract", ["a", "c"])) == {"a", "b", "c"}
+    # then the store was read for the first ones, then only for the node not yet read
+    assert reads == [["a", "b"], ["c"]]
+
+    # and when a read fails (the store unreachable), the nodes are ranked without records
+    def failing(*_args: Any) -> dict[str, tuple[int, int]]:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(records, "read_records", failing)
+    assert records.records_of(settings, "summary", ["a"]) == {}
+    records.invalidate_cache()

@@ -48,7 +48,9 @@ def _overlapping_runs(run_pass: object, threads: int = 4, passes: int = 20) -> i
 def test_idle_passes_on_their_turn_never_meet() -> None:
     # given four loops whose passes would meet
     def on_turn(fn: object) -> None:
-        with turns.quiet_turn():
+        # (A long wait: the lock is not fair, and on a loaded machine one loop may wait for
+        # many passes of the others; this test is about taking turns, not the timeout.)
+        with turns.quiet_turn(wait=10):
             fn()  # type: ignore[operator]
 
     # when each pass takes the turn first, then not one pass met another
