@@ -2,7 +2,8 @@
 
 Every step calls the PRODUCTION code (modules of ``bidding``):
 ``auction.candidates.select_candidates`` (who is asked, ranked with each node's record on the
-task type as ``nodes.records`` keeps it), ``auction.bid.compute_bid`` (each node's
+task type as ``nodes.records`` keeps it), ``auction.bid.compute_bid`` (with each node's kin's
+pooled record, as ``nodes.kin`` reads it) (each node's
 bid from its profile and a ``NodeHistory`` built as ``auction.history.gather_history`` builds it
 from the store), ``auction.decision.refresh_loads`` and ``auction.decision.decide`` with the
 strategy from ``strategies.resolve_strategy``.
@@ -17,6 +18,7 @@ each bidder's ``placement.Room`` (its totals and what its unfinished attempts re
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from bidding.auction.candidates import select_candidates
 from bidding.auction.decision import decide, refresh_loads
 from bidding.auction.placement import Room
 from bidding.models import Announcement, Bid, Refusal
+from bidding.nodes.kin import kin_of, pooled
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
 from bidding.strategies import SelectionStrategy, resolve_strategy, strategy_name
@@ -96,10 +99,16 @@ class Auction:
                                    if (n, task.task_type) in sim.typed})
         bids: list[Bid] = []
         refusals: list[Refusal] = []
+        # Each candidate's kin (same profile but the name) and their pooled record on the
+        # type, as ``nodes.kin.kin_records`` reads them from the store.
+        typed = {n: sim.typed[(n, task.task_type)] for n in self._names
+                 if (n, task.task_type) in sim.typed}
+        kin = {name: pooled(typed, others) for name, others in kin_of(live, candidates).items()}
         for name in candidates:
-            answer = self.bid_fn(
-                announcement, sim.specs[name].profile, sim.history(name, task.task_type, now), now
-            )
+            history = sim.history(name, task.task_type, now)
+            if kin.get(name, (0, 0))[0] > 0:
+                history = dataclasses.replace(history, kin=kin[name])
+            answer = self.bid_fn(announcement, sim.specs[name].profile, history, now)
             if isinstance(answer, Bid):
                 bids.append(answer)
             else:

@@ -33,6 +33,9 @@ class NodeHistory:
     #: All its episodes, and how many succeeded (for learned trust).
     attempts: int = 0
     successes: int = 0
+    #: Its kin's pooled record on this task type (attempts, successes; ``nodes.kin``): the
+    #: prior of its confidence. (0, 0): none known, the optimistic prior.
+    kin: tuple[int, int] = (0, 0)
 
 
 def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float) -> str | None:
@@ -81,7 +84,11 @@ def compute_bid(
         capability=capability,
         experience=scores.experience_score(history.outcomes),
         load=scores.load_score(history.in_flight, profile.capacity),
-        confidence=scores.estimated_success(history.outcomes),
+        # The kin's record can lower a node's first bids on a type, never under the
+        # announcement's minimum: only its own record rules it out (failures of a task's
+        # own making, on one replica, must not leave a type without a bidder).
+        confidence=scores.estimated_success(history.outcomes, prior=max(
+            scores.kin_prior(*history.kin), announcement.min_confidence)),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scores.learned_trust(profile.trust, history.successes, history.attempts),

@@ -29,6 +29,7 @@ from bidding.context import Context
 from bidding.lifecycle import states
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
+from bidding.nodes.kin import kin_records
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.engine import core
@@ -283,6 +284,9 @@ def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfi
     now = clock.now()
     if refusal_reason(announcement, profile, now) is None:
         history = cached_history(settings, profile.name, announcement.task_type, now, version)
+        kin = kin_records(settings, announcement.task_type, [profile.name])
+        if profile.name in kin:
+            history = dataclasses.replace(history, kin=kin[profile.name])
     else:
         history = NodeHistory()
     return compute_bid(announcement, profile, history, now)

@@ -29,8 +29,9 @@ Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -48,6 +49,7 @@ from bidding.auction.history import cached_histories, history_versions, read_his
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal
+from bidding.nodes.kin import kin_records
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
 from bidding.strategies.protocol import decides_at_once
@@ -78,8 +80,19 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
-    histories = cached_histories(settings, bidding, announcement.task_type, versions or {}, now)
+    histories = with_kin(
+        cached_histories(settings, bidding, announcement.task_type, versions or {}, now),
+        kin_records(settings, announcement.task_type, bidding))
     return answers_of(announcement, profiles, histories, now)
+
+
+def with_kin(histories: dict[str, NodeHistory],
+             kin: Mapping[str, tuple[int, int]]) -> dict[str, NodeHistory]:
+    """The histories, each with its node's kin's pooled record on the type (``nodes.kin``)."""
+    if not kin:
+        return histories
+    return {name: dataclasses.replace(h, kin=kin[name]) if name in kin else h
+            for name, h in histories.items()}
 
 
 def answers_of(announcement: Announcement, profiles: Sequence[NodeProfile],
@@ -107,10 +120,13 @@ def answers_inside(
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
 
+    # Read before the award's transaction, from the cached live nodes and records.
+    kin = kin_records(settings, announcement.task_type, bidding)
+
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
-        histories = read_histories(
+        histories = with_kin(read_histories(
             session, settings, bidding, announcement.task_type, now, known=known
-        )
+        ), kin)
         return answers_of(announcement, profiles, histories, now)
 
     return AnswersInside(bidding, make, now)

@@ -72,6 +72,21 @@ def estimated_success(outcomes: Sequence[bool], prior: float = 1.0,
     return (sum(1 for ok in outcomes if ok) + weight * prior) / (n + weight)
 
 
+def kin_prior(attempts: int, successes: int) -> float:
+    """The prior of a node's estimate on a task type from its kin's pooled record there
+    (``nodes.kin``): their rate, smoothed toward the optimistic 1.0 as a node's own estimate
+    is; 1.0 without a record.
+
+    bench/quality.py's simulated federation (replicas of eight kinds of node, each replica's
+    true rates x0.9-1.05 of its kind's): at 32 to 256 nodes it came 0.5-2.1 points closer to
+    the oracle that fills free slots first than the optimistic prior alone (``compute_bid``
+    floors it at the announcement's ``min_confidence``).
+    """
+    if attempts <= 0:
+        return 1.0
+    return (successes + SUCCESS_PRIOR_EPISODES) / (attempts + SUCCESS_PRIOR_EPISODES)
+
+
 def learned_trust(declared: float, successes: int, attempts: int) -> float:
     """Trust 0-100: the declared trust, moved toward the observed success rate as episodes accrue.
 

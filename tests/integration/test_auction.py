@@ -27,6 +27,7 @@ from bidding.auction.proxy import PROXY_CLOSE
 from bidding.context import Context
 from bidding.lifecycle import journal
 from bidding.nodes.profile import NodeProfile
+from bidding.nodes.records import read_records
 from bidding.nodes.registry import invalidate_cache
 from bidding.store import read_session, write_session
 from bidding.store.schema import AnnouncementRow, Message, NodeRecord
@@ -81,21 +82,51 @@ def test_routing_follows_capability(cluster: Cluster) -> None:
 def test_a_capped_auction_asks_the_node_with_the_best_record_on_the_task_type(
     cluster: Cluster,
 ) -> None:
-    # given three nodes that can all do shared work, and a task type on which south has
-    # done well (40 attempts, 39 succeeded) and north and east poorly (40, 16)
+    # given three nodes that can all do shared work, and a task type on which east has
+    # done well (40 attempts, 39 succeeded) and north and south poorly (40, 16)
     task_type = f"ranked-{uuid.uuid4().hex[:8]}"
     with write_session(cluster.settings.database_url) as session:
         session.execute(insert(NodeRecord), [
             {"node": name, "task_type": task_type, "attempts": 40,
-             "successes": 39 if name == "south" else 16} for name in NODES])
+             "successes": 39 if name == "east" else 16} for name in NODES])
     invalidate_cache()
     # when five such tasks are announced, each asking one node only (the best by record)
     results = [shared.apply_async((i,), bidding={"candidate_cap": 1, "task_type": task_type})
                for i in range(5)]
-    # then every one was asked of south and ran there
-    assert {r.get(timeout=20)["node"] for r in results} == {"south"}
+    # then every one was asked of east and ran there
+    assert {r.get(timeout=20)["node"] for r in results} == {"east"}
     assert {tuple(bidding.explain(r.id, app=cluster.app).candidates) for r in results} == {
-        ("south",)}
+        ("east",)}
+
+
+def test_a_node_new_to_a_task_type_bids_from_its_kins_record_there(cluster: Cluster) -> None:
+    # given north and south, whose profiles are the same but for the name (kin), and east,
+    # whose skills differ; and two task types that south ran 30 times, one with 21 successes,
+    # one with 3, which north and east never ran
+    fair, poor = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("fair", "poor"))
+    with write_session(cluster.settings.database_url) as session:
+        session.execute(insert(NodeRecord), [
+            {"node": "south", "task_type": fair, "attempts": 30, "successes": 21},
+            {"node": "south", "task_type": poor, "attempts": 30, "successes": 3}])
+    invalidate_cache()
+    # when a task of each type is bid on by the nodes themselves, then by the announcer
+    for mode in ("ask", "proxy"):
+        confidence = {}
+        for task_type in (fair, poor):
+            tried, won = read_records(cluster.settings, task_type, ["south"])["south"]
+            result = shared.apply_async((1,), bidding={"task_type": task_type, "bid_mode": mode})
+            assert result.get(timeout=20)["value"] == 1
+            bids = {b.node: b for b in bidding.explain(result.id, app=cluster.app).bids}
+            confidence[task_type] = (bids["north"].confidence, (won + 2) / (tried + 2))
+            # then east, without kin, bids as a newcomer does (1.0)
+            assert bids["east"].confidence == 1.0
+        # and north bids its kin's rate on the fair type, (21 + 2) / (30 + 2) at first
+        assert confidence[fair][0] == pytest.approx(confidence[fair][1]), mode
+        assert confidence[fair][0] < 0.8
+        # and on the poor type the minimum confidence, not its kin's rate: what they did
+        # lowers its first bids, only its own record could rule it out
+        assert confidence[poor][1] < 0.5
+        assert confidence[poor][0] == 0.5, mode
 
 
 def test_a_node_whose_queue_has_no_consumer_does_not_stall_the_auction(cluster: Cluster) -> None:

@@ -1,0 +1,87 @@
+"""A node's kin: the live nodes that declare the same profile as it but for the name (the
+replicas of one deployment, started from one profile template), and their record on a task
+type pooled, from which a node with little record of its own on the type starts its bid.
+
+A node's confidence on a task type is its success over its latest episodes, smoothed toward a
+prior (``scores.estimated_success``). Without a record, the prior is optimistic (1.0), so a
+newcomer gets tried; but in a large federation every untried node is then tried until it
+fails, once per task type, and a replica of a node that keeps failing a type is tried as if
+nothing were known. Its kin's pooled record is what is known: it becomes the prior
+(``scores.kin_prior``), while the node's own episodes outweigh it as they accrue.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Hashable, Mapping, Sequence
+
+from bidding.config import Settings
+from bidding.nodes.records import Record, records_of
+from bidding.nodes.registry import LiveNode, live_nodes
+
+logger = logging.getLogger(__name__)
+
+
+def signature(node: LiveNode) -> Hashable:
+    """What two nodes must declare alike to be kin: all of their published profile but the
+    name (and what they hold warm, which changes as they run)."""
+    return (tuple(sorted(node.capabilities)), node.capacity, node.price_per_unit,
+            node.latency_ms, node.trust, node.bidder, tuple(sorted(node.resources.items())))
+
+
+#: The last live list grouped, and its groups: the cached live list is the same object for
+#: ``bidding_live_cache_seconds``, and grouping a thousand nodes for every auction would cost
+#: more than the auction's bids (the list is held, so that its id is not reused).
+_grouped: list[tuple[Sequence[LiveNode], dict[Hashable, list[str]], dict[str, Hashable]]] = []
+
+
+def _groups(live: Sequence[LiveNode]) -> tuple[dict[Hashable, list[str]], dict[str, Hashable]]:
+    found = _grouped[0] if _grouped else None
+    if found is not None and found[0] is live:
+        return found[1], found[2]
+    groups: dict[Hashable, list[str]] = {}
+    by_name: dict[str, Hashable] = {}
+    for node in live:
+        key = signature(node)
+        groups.setdefault(key, []).append(node.name)
+        by_name[node.name] = key
+    _grouped[:] = [(live, groups, by_name)]
+    return groups, by_name
+
+
+def kin_of(live: Sequence[LiveNode], names: Sequence[str]) -> dict[str, list[str]]:
+    """Each of ``names``' kin among ``live`` (itself left out; a node with none is missing)."""
+    groups, by_name = _groups(live)
+    out = {}
+    for name in names:
+        key = by_name.get(name)
+        kin = [other for other in groups.get(key, ()) if other != name] if key else []
+        if kin:
+            out[name] = kin
+    return out
+
+
+def pooled(records: Mapping[str, Record], kin: Sequence[str]) -> Record:
+    """The kin's records on a type, summed."""
+    found = [records[k] for k in kin if k in records]
+    return (sum(a for a, _ in found), sum(s for _, s in found))
+
+
+def kin_records(settings: Settings, task_type: str, names: Sequence[str]) -> dict[str, Record]:
+    """For each of ``names`` with live kin that have a record on ``task_type``, their pooled
+    record. From the cached live nodes and records (``nodes.records``); a read that fails
+    gives none (the nodes then bid from their own record alone)."""
+    try:
+        kin = kin_of(live_nodes(settings), names)
+        if not kin:
+            return {}
+        records = records_of(settings, task_type, sorted({k for ks in kin.values() for k in ks}))
+    except Exception as exc:
+        logger.debug("could not read the kin's records on %s: %s", task_type, exc)
+        return {}
+    out = {}
+    for name, ks in kin.items():
+        record = pooled(records, ks)
+        if record[0] > 0:
+            out[name] = record
+    return out

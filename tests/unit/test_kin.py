@@ -1,0 +1,65 @@
+"""A node's kin (the live nodes that declare its profile but for the name) and their pooled
+record on a task type, the prior of its confidence there (``nodes.kin``, ``scores.kin_prior``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bidding.auction import scores
+from bidding.auction.bid import NodeHistory, compute_bid
+from bidding.models import Announcement, Bid
+from bidding.nodes.kin import kin_of, pooled
+from bidding.nodes.profile import NodeProfile
+from bidding.nodes.registry import LiveNode
+
+BASE = LiveNode(name="a-1", capabilities=("x", "y"), capacity=4, price_per_unit=0.01,
+                latency_ms=50, trust=70, last_heartbeat=0.0, resources={"gpu_mem_gb": 16})
+
+
+def test_kin_declare_the_same_profile_but_for_the_name_and_what_they_hold_warm() -> None:
+    # given replicas of one profile (one holds a model warm, one lists its skills in another
+    # order), and nodes that differ in one declared field each
+    live = [
+        BASE,
+        dataclasses.replace(BASE, name="a-2", warm=("model:m",)),
+        dataclasses.replace(BASE, name="a-3", capabilities=("y", "x")),
+        dataclasses.replace(BASE, name="cheaper", price_per_unit=0.005),
+        dataclasses.replace(BASE, name="bigger", resources={"gpu_mem_gb": 48}),
+        dataclasses.replace(BASE, name="own-bidder", bidder="pkg.mod:judge"),
+    ]
+    # when each one's kin are found
+    kin = kin_of(live, [n.name for n in live])
+    # then the replicas are each other's kin, and the others have none
+    assert kin == {"a-1": ["a-2", "a-3"], "a-2": ["a-1", "a-3"], "a-3": ["a-1", "a-2"]}
+    # and their records on a type are summed
+    assert pooled({"a-2": (10, 2), "a-3": (5, 1), "cheaper": (9, 9)}, kin["a-1"]) == (15, 3)
+
+
+def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_minimum() -> None:
+    # given a node with no episode of a type (the announcement's minimum confidence: 0.5)
+    announcement = Announcement(task_id="t", task_name="w", task_type="extract",
+                                required_skills=["x"])
+    assert announcement.min_confidence == 0.5
+    profile = NodeProfile(name="a-1", capabilities=["x"])
+
+    def confidence(history: NodeHistory) -> float:
+        bid = compute_bid(announcement, profile, history, now=0.0)
+        assert isinstance(bid, Bid)
+        return bid.confidence
+
+    # when its kin ran the type 20 times with 14 successes, then it bids their rate, smoothed
+    # as its own would be: (14 + 2) / (20 + 2)
+    assert scores.kin_prior(20, 14) == pytest.approx(16 / 22)
+    assert confidence(NodeHistory(kin=(20, 14))) == pytest.approx(16 / 22)
+    # and when they failed it 18 times of 20, it bids the minimum (their 4 / 22 would rule it
+    # out for what they did: only its own record may)
+    assert scores.kin_prior(20, 2) == pytest.approx(4 / 22)
+    assert confidence(NodeHistory(kin=(20, 2))) == 0.5
+    # and without a kin's record it bids as a newcomer does (the optimistic 1.0)
+    assert scores.kin_prior(0, 0) == 1.0
+    assert confidence(NodeHistory()) == 1.0
+    # and its own episodes outweigh the prior as they accrue: 10 successes of 10
+    assert confidence(NodeHistory(outcomes=(True,) * 10, kin=(20, 14))) == pytest.approx(
+        (10 + 2 * 16 / 22) / 12)
