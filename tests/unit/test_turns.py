@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from celery import Celery
 
@@ -59,8 +61,10 @@ def test_idle_passes_on_their_turn_never_meet() -> None:
     assert _overlapping_runs(lambda fn: fn()) > 0
 
 
-def test_a_pass_that_blocks_holds_the_others_up_by_the_wait_at_most() -> None:
-    # given a pass that holds the turn and blocks (a half-open connection)
+@contextmanager
+def turn_held_elsewhere() -> Iterator[None]:
+    """Another loop's pass holds the turn (and blocks, as on a half-open connection) until
+    the block ends."""
     release = threading.Event()
     holding = threading.Event()
 
@@ -73,6 +77,15 @@ def test_a_pass_that_blocks_holds_the_others_up_by_the_wait_at_most() -> None:
     holder.start()
     assert holding.wait(5)
     try:
+        yield
+    finally:
+        release.set()
+        holder.join()
+
+
+def test_a_pass_that_blocks_holds_the_others_up_by_the_wait_at_most() -> None:
+    # given a pass that holds the turn and blocks (a half-open connection)
+    with turn_held_elsewhere():
         # when another pass wants the turn
         started = time.monotonic()
         with turns.quiet_turn(wait=0.1) as taken:
@@ -80,9 +93,6 @@ def test_a_pass_that_blocks_holds_the_others_up_by_the_wait_at_most() -> None:
         # then it runs anyway after the wait, without the turn
         assert not taken
         assert 0.09 <= waited < 1.0
-    finally:
-        release.set()
-        holder.join()
     # and once the blocked pass ends, the turn is free again
     with turns.quiet_turn(wait=0) as taken:
         assert taken
@@ -105,18 +115,7 @@ def test_the_sweepers_idle_passes_take_turns_and_its_busy_ones_do_not() -> None:
     node = sweeper.Sweeper(Settings(database_url="sqlite://"),
                            Celery("t", broker="memory://", set_as_current=False))
     node.leading = True
-    release = threading.Event()
-    holding = threading.Event()
-
-    def other() -> None:
-        with turns.quiet_turn():
-            holding.set()
-            release.wait(5)
-
-    holder = threading.Thread(target=other)
-    holder.start()
-    assert holding.wait(5)
-    try:
+    with turn_held_elsewhere():
         waits = {}
         for phase, empty in (("close_expired", 0), ("end_expired", IDLE_PASSES)):
             node.empty[phase] = empty
@@ -126,6 +125,3 @@ def test_the_sweepers_idle_passes_take_turns_and_its_busy_ones_do_not() -> None:
         # then a phase that found work lately ran at once; an idle one waited for the turn
         assert waits["close_expired"] < turns.QUIET_TURN_WAIT / 2
         assert waits["end_expired"] >= turns.QUIET_TURN_WAIT * 0.9
-    finally:
-        release.set()
-        holder.join()
