@@ -84,11 +84,8 @@ def compute_bid(
         capability=capability,
         experience=scores.experience_score(history.outcomes),
         load=scores.load_score(history.in_flight, profile.capacity),
-        # The kin's record can lower a node's first bids on a type, never under the
-        # announcement's minimum: only its own record rules it out (failures of a task's
-        # own making, on one replica, must not leave a type without a bidder).
-        confidence=scores.estimated_success(history.outcomes, prior=max(
-            scores.kin_prior(*history.kin), announcement.min_confidence)),
+        confidence=scores.informed_confidence(history.outcomes, history.kin,
+                                              announcement.min_confidence),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scores.learned_trust(profile.trust, history.successes, history.attempts),

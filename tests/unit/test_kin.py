@@ -63,3 +63,10 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     # and its own episodes outweigh the prior as they accrue: 10 successes of 10
     assert confidence(NodeHistory(outcomes=(True,) * 10, kin=(20, 14))) == pytest.approx(
         (10 + 2 * 16 / 22) / 12)
+    # and its kin's failures never rule it out while its own record does not: one failure of
+    # its own (2 / 3 with the optimistic prior) keeps it at the minimum
+    assert confidence(NodeHistory(outcomes=(False,), kin=(20, 2))) == 0.5
+    # but three failures of its own do (2 / 5 under the minimum), as without kin
+    assert confidence(NodeHistory(outcomes=(False,) * 3, kin=(20, 2))) == pytest.approx(
+        2 / 5)
+    assert confidence(NodeHistory(outcomes=(False,) * 3)) == pytest.approx(2 / 5)
