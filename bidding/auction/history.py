@@ -277,16 +277,25 @@ def forget_history() -> None:
         _history.clear()
 
 
+def with_kin(histories: dict[str, NodeHistory],
+             kin: Mapping[str, tuple[int, int]]) -> dict[str, NodeHistory]:
+    """The histories, each with its node's kin's pooled record on the type (``nodes.kin``)."""
+    if not kin:
+        return histories
+    return {name: dataclasses.replace(h, kin=kin[name]) if name in kin else h
+            for name, h in histories.items()}
+
+
 def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfile,
               version: int | None = None) -> Bid | Refusal:
     """Compute this node's answer to ``announcement`` from its profile and (cached) store history;
     ``version`` is the node's history version (see ``cached_history``)."""
     now = clock.now()
     if refusal_reason(announcement, profile, now) is None:
-        history = cached_history(settings, profile.name, announcement.task_type, now, version)
-        kin = kin_records(settings, announcement.task_type, [profile.name])
-        if profile.name in kin:
-            history = dataclasses.replace(history, kin=kin[profile.name])
+        history = with_kin(
+            {profile.name: cached_history(settings, profile.name, announcement.task_type, now,
+                                          version)},
+            kin_records(settings, announcement.task_type, [profile.name]))[profile.name]
     else:
         history = NodeHistory()
     return compute_bid(announcement, profile, history, now)

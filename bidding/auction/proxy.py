@@ -29,9 +29,8 @@ Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -45,7 +44,12 @@ from bidding.auction.award import (
 )
 from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
-from bidding.auction.history import cached_histories, history_versions, read_histories
+from bidding.auction.history import (
+    cached_histories,
+    history_versions,
+    read_histories,
+    with_kin,
+)
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal
@@ -84,15 +88,6 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
         cached_histories(settings, bidding, announcement.task_type, versions or {}, now),
         kin_records(settings, announcement.task_type, bidding))
     return answers_of(announcement, profiles, histories, now)
-
-
-def with_kin(histories: dict[str, NodeHistory],
-             kin: Mapping[str, tuple[int, int]]) -> dict[str, NodeHistory]:
-    """The histories, each with its node's kin's pooled record on the type (``nodes.kin``)."""
-    if not kin:
-        return histories
-    return {name: dataclasses.replace(h, kin=kin[name]) if name in kin else h
-            for name, h in histories.items()}
 
 
 def answers_of(announcement: Announcement, profiles: Sequence[NodeProfile],

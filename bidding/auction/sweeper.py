@@ -240,20 +240,12 @@ class Sweeper:
         """One pass of a sweeping loop while this node sweeps, counting the empty ones."""
         if not self.leading:
             return
-        if self.empty.get(name, 0) < IDLE_PASSES:
-            self._count(name, run())
-            return
         # An idle pass (and its look at the next due time): on the process's turn, so that
         # the idle loops share a connection.
-        with quiet_turn():
-            self._count(name, run())
-
-    def _count(self, name: str, result: object) -> None:
-        """Count a pass that found nothing; an idle ``announce_due`` reads when the next
-        waiting task comes due."""
-        self.empty[name] = 0 if found_work(result) else self.empty.get(name, 0) + 1
-        if name == "announce_due":
-            self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None
+        with quiet_turn(idle=self.empty.get(name, 0) >= IDLE_PASSES):
+            self.empty[name] = 0 if found_work(run()) else self.empty.get(name, 0) + 1
+            if name == "announce_due":
+                self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None
 
     def _next_due(self) -> float | None:
         """The next waiting task's due time, read once per idle pass (None when it cannot be

@@ -39,19 +39,17 @@ _RECORD = (update(_NODES).where(_NODES.c.name == bindparam("node"))
                    successes=_NODES.c.successes + bindparam("won", type_=Integer)))
 
 
-
-
-def _typed_upsert(insert: Any) -> Any:
-    """``INSERT`` of a node's record on a task type that adds to the row when there is one
-    (``insert``: the dialect's own, for its ``ON CONFLICT``)."""
-    stmt = insert(_RECORDS)
+def _adding_to_record(stmt: Any) -> Any:
+    """``stmt`` (a dialect's ``INSERT`` into the records per type, for its ``ON CONFLICT``)
+    adding to a node's row on the type when there is one."""
     return stmt.on_conflict_do_update(
         index_elements=[_RECORDS.c.node, _RECORDS.c.task_type],
         set_={"attempts": _RECORDS.c.attempts + stmt.excluded.attempts,
               "successes": _RECORDS.c.successes + stmt.excluded.successes})
 
 
-_TYPED = {"postgresql": _typed_upsert(postgresql_insert), "sqlite": _typed_upsert(sqlite_insert)}
+_TYPED = {"postgresql": _adding_to_record(postgresql_insert(_RECORDS)),
+          "sqlite": _adding_to_record(sqlite_insert(_RECORDS))}
 
 
 def count_episode(session: Session, node: str, success: bool, task_type: str | None = None,
@@ -148,17 +146,11 @@ def _record_attempt(episode: tuple[str, ...], charge: tuple[str, ...]) -> Update
                 .cte("recorded"))
     won = select(case((recorded.c.success, 1), else_=0)).scalar_subquery()
     # The node's record on the task type, in the same statement (lost attempts left out).
-    typed_insert = postgresql_insert(_RECORDS)
-    typed = (typed_insert
-             .from_select(["node", "task_type", "attempts", "successes"],
-                          select(recorded.c.node, recorded.c.task_type, literal(1),
-                                 case((recorded.c.success, 1), else_=0))
-                          .where(recorded.c.lost.is_(False)))
-             .on_conflict_do_update(
-                 index_elements=[_RECORDS.c.node, _RECORDS.c.task_type],
-                 set_={"attempts": _RECORDS.c.attempts + typed_insert.excluded.attempts,
-                       "successes": _RECORDS.c.successes + typed_insert.excluded.successes})
-             .cte("typed"))
+    typed = _adding_to_record(postgresql_insert(_RECORDS).from_select(
+        ["node", "task_type", "attempts", "successes"],
+        select(recorded.c.node, recorded.c.task_type, literal(1),
+               case((recorded.c.success, 1), else_=0)).where(recorded.c.lost.is_(False))
+    )).cte("typed")
     stmt = (update(_NODES).where(_NODES.c.name == select(recorded.c.node).scalar_subquery())
             .values(attempts=_NODES.c.attempts + 1, successes=_NODES.c.successes + won)
             .add_cte(typed))

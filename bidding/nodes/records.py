@@ -63,7 +63,7 @@ def records_of(settings: Settings, task_type: str,
         found = read_records(settings, task_type, missing)
     except Exception as exc:
         logger.debug("could not read the nodes' records on %s (ranking them by their "
-                       "node-wide records): %s", task_type, exc)
+                     "node-wide records): %s", task_type, exc)
         return {} if cached is None else cached[2]
     if cached is not None:  # add to the fresh answer, which keeps its age
         now, covered, found = cached[0], cached[1] | frozenset(missing), {**cached[2], **found}

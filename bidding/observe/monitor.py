@@ -39,11 +39,8 @@ class Monitor:
 
     def run_once(self) -> Pass:
         """One pass now."""
-        if self.empty_passes >= IDLE_PASSES:
-            # An idle pass: on the process's turn, beside the node's other idle loops.
-            with quiet_turn():
-                self.last = check_due(self.settings, app=self.app)
-        else:
+        # An idle pass: on the process's turn, beside the node's other idle loops.
+        with quiet_turn(idle=self.empty_passes >= IDLE_PASSES):
             self.last = check_due(self.settings, app=self.app)
         busy = self.last.written or self.last.escalated
         self.empty_passes = 0 if busy else self.empty_passes + 1

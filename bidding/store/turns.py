@@ -39,11 +39,12 @@ os.register_at_fork(after_in_child=_reset_in_child)
 
 
 @contextmanager
-def quiet_turn(wait: float = QUIET_TURN_WAIT) -> Iterator[bool]:
+def quiet_turn(wait: float = QUIET_TURN_WAIT, *, idle: bool = True) -> Iterator[bool]:
     """Run the block on this process's turn at the store, waiting at most ``wait`` seconds
-    for it; yield whether it was taken (False: it ran anyway, beside the pass that held it)."""
+    for it; yield whether it was taken (False: it ran anyway, beside the pass that held it).
+    A pass that is not ``idle`` (its loop found work lately) runs at once, without the turn."""
     turn = _turn
-    taken = turn.acquire(timeout=wait)
+    taken = idle and turn.acquire(timeout=wait)
     try:
         yield taken
     finally:
