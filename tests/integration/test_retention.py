@@ -35,11 +35,14 @@ def count(cluster: Cluster, table: type) -> int:
 
 def test_a_prune_keeps_what_the_nodes_learned_and_the_federation_works_on(
         federation: Cluster) -> None:
-    # given tasks that ran on the nodes: a type every node failed twice, and one they did
+    # given tasks that ran on the nodes: a type every node failed twice (each sent to its
+    # node: which node wins a failing type's next task follows the records, of its own and
+    # of its kin), and one they did
     task_type = f"retention-{uuid.uuid4().hex[:6]}"
-    for _ in range(2 * len(NODES)):
+    for node in [*NODES, *NODES]:
         with pytest.raises(ValueError):
-            failing.delay("warm-up").get(timeout=30)
+            failing.apply_async(("warm-up",), bidding={
+                "preferred_node": node, "strategy": "preferred_only"}).get(timeout=30)
     done = [shared.apply_async((i,), bidding={"task_type": task_type}) for i in range(6)]
     assert [r.get(timeout=30)["value"] for r in done] == list(range(6))
     learned = {node: gather_history(federation.settings, node, "failing")

@@ -57,6 +57,18 @@ def _alive(url: str, pids: list[int]) -> set[int]:
     return {p for p in pids if p in rows}
 
 
+def _alive_at_last(url: str, pids: list[int], expected: set[int]) -> set[int]:
+    """``_alive``, read again for up to 5 s until it is ``expected``: a server process whose
+    client closed its connection exits a moment later, not at once (a loaded machine saw one
+    still listed)."""
+    deadline = time.monotonic() + 5.0
+    found = _alive(url, pids)
+    while found != expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+        found = _alive(url, pids)
+    return found
+
+
 def test_connections_unused_for_a_while_are_closed_down_to_the_one_used_last(
     pg_url: str,
 ) -> None:
@@ -72,7 +84,7 @@ def test_connections_unused_for_a_while_are_closed_down_to_the_one_used_last(
 
     # Then two were closed on the server and the one used last is the one still open
     assert closed == 2
-    assert _alive(pg_url, pids) == {used_last}
+    assert _alive_at_last(pg_url, pids, {used_last}) == {used_last}
     # and the store still answers, on that connection, and a new burst opens what it needs
     assert _backend_pid(pg_url) == used_last
     assert len(set(_open_together(pg_url, 3))) == 3
@@ -137,7 +149,7 @@ def test_a_connection_lost_in_use_does_not_hide_the_idle_ones_from_the_trim(
 
     # Then every idle one but the one used last was closed: none is left open behind the
     # lost one, and the store still answers
-    assert _alive(pg_url, pids) == {used_last}
+    assert _alive_at_last(pg_url, pids, {used_last}) == {used_last}
     assert closed == 2
     assert _backend_pid(pg_url) == used_last
 
