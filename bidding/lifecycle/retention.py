@@ -45,6 +45,7 @@ from bidding.store.schema import (
     Tag,
     Worker,
 )
+from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
 
@@ -366,7 +367,11 @@ class RetentionJob:
         now = clock.now()
         if now < self._due:
             return None
-        due = jobs.due_at(url, JOB)
+        # The look is an idle pass like the sweeper's: a read a minute, on this process's
+        # turn at the store (``store.turns``), so that it does not open a second connection
+        # beside the heartbeat's. The prune itself is work and runs at once.
+        with quiet_turn():
+            due = jobs.due_at(url, JOB)
         if due is not None and now < due:
             self._due = due
             return None

@@ -9,13 +9,15 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from celery import Celery
 
 from bidding.auction import sweeper
 from bidding.config import Settings
+from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.periodic import IDLE_PASSES
-from bidding.store import turns
+from bidding.store import turns, upgrade
 
 
 def _overlapping_runs(run_pass: object, threads: int = 4, passes: int = 20) -> int:
@@ -125,3 +127,19 @@ def test_the_sweepers_idle_passes_take_turns_and_its_busy_ones_do_not() -> None:
         # then a phase that found work lately ran at once; an idle one waited for the turn
         assert waits["close_expired"] < turns.QUIET_TURN_WAIT / 2
         assert waits["end_expired"] >= turns.QUIET_TURN_WAIT * 0.9
+
+
+def test_the_retention_jobs_look_waits_for_the_turn(tmp_path: Path) -> None:
+    # given a node whose retention is on, and a pass of another loop holding the turn
+    url = f"sqlite:///{tmp_path}/look.db"
+    upgrade(url)
+    job = RetentionJob(Settings(database_url=url, retention_days=30.0), "n1@host")
+    job.run()  # its first look claims the job and prunes (nothing): the job is due later
+    job._due = 0.0  # (forget when it is due, so that the next look reads the store)
+    with turn_held_elsewhere():
+        # when it looks again
+        started = time.monotonic()
+        assert job.run() is None
+        waited = time.monotonic() - started
+    # then its look waited for the turn, as an idle pass does
+    assert waited >= turns.QUIET_TURN_WAIT * 0.9
