@@ -13,8 +13,8 @@ A node's reserved resources are the needs of the attempts awarded to it that hav
 - an award weighs a node's fit (``fit_multiplier``): a node the task fits now scores a little
   higher or lower by what would be left free, as ``bidding_fit`` says ("spread" keeps work
   apart, "pack" fills a node's resources before the next node's, keeping big nodes free for big
-  tasks); a node the task fits only once its current work ends scores half, as a full node's
-  slot share does, so it wins only when it is clearly better;
+  tasks); a node the task fits only once its current work ends scores half, so it wins only
+  when it is clearly better;
 - a node starts an attempt only while its running attempts leave room (``fits``): the award
   steers, the start guarantees, so no node ever holds more than it declares.
 

@@ -110,7 +110,9 @@ def decide(
                      error=_no_winner_message(announcement, bids, refusals, scores, candidates))
     if rooms is not None and placement.placed(announcement) and isinstance(
             strategy, ScoringStrategy):
-        placed = [_placed(score, placement.multipliers(announcement, rooms.get(score.node), fit))
+        free_slot = {b.node: b.in_flight < b.capacity for b in eligible}
+        placed = [_placed(score, placement.multipliers(announcement, rooms.get(score.node), fit,
+                                                       free_slot[score.node]))
                   for score in strategy.score_all(eligible, announcement, caps)]
         scores.extend(placed)
         return award(outcome="awarded", winner=best_of(

@@ -41,16 +41,22 @@ def placed(announcement: Announcement) -> bool:
     return bool(announcement.resources or announcement.affinity)
 
 
-def multipliers(announcement: Announcement, room: Room | None, fit: str) -> dict[str, float]:
+def multipliers(announcement: Announcement, room: Room | None, fit: str,
+                free_slot: bool = True) -> dict[str, float]:
     """The placement multipliers of a node with ``room`` for ``announcement`` (``fit``:
-    "spread" or "pack"), by name as ``explain`` shows them; none when it weighs nothing."""
+    "spread" or "pack"), by name as ``explain`` shows them; none when it weighs nothing.
+
+    ``free_slot``: whether the node has a slot free for the task now. A node whose slots are
+    all busy gets no warm bonus: the task would wait for a slot, and what the node holds warm
+    then is not what it holds now, so a free cold node wins over an otherwise equal full warm
+    one."""
     out: dict[str, float] = {}
     if room is None:
         return out
     fit_by = resources.fit_multiplier(announcement.resources, room.totals, room.reserved, fit)
     if fit_by is not None:
         out["fit"] = round(fit_by, 6)
-    warm_by = resources.warm_multiplier(announcement.affinity, room.warm)
+    warm_by = resources.warm_multiplier(announcement.affinity, room.warm) if free_slot else None
     if warm_by is not None:
         out["warm"] = round(warm_by, 6)
     return out

@@ -110,16 +110,23 @@ class BestSkillMatch(_Scored):
 
 @dataclass
 class WeightedScore(_Scored):
-    """Seed 003 3.3, the default: ``0.6 * confidence + 0.4 * skill match``, x slot share.
+    """Seed 003 3.3, the default: ``0.6 * confidence + 0.4 * skill match``, the confidence
+    taken at the node's slot share.
 
     Without required skills the seeds disagree (001: bare confidence; 003: confidence * 0.6).
     We follow seed 001: the score is the bare confidence, so it stays on the same 0-1 scale as
     a fully matched bid's; the ranking is the same either way.
 
-    ``slot_share`` (our addition, on by default) multiplies the score by
+    ``slot_share`` (our addition, on by default) scales the confidence term by
     ``min(1, capacity / (in_flight + 1))``: among nodes with a free slot the best estimate wins,
-    and a full node wins only when it is proportionally better, instead of queueing work behind
-    its busy slots (bench/quality.py: P2). ``WeightedScore(slot_share=False)`` is seed 003's form.
+    and a full node wins only when its confidence is proportionally better than a free one's
+    (0.94 queued behind three busy slots, x0.75, beats a free 0.6, not a free 0.78), instead
+    of queueing work behind its busy slots. The score shows it as the ``slot_share`` term, the
+    (negative) part of the confidence term the busy slots take. Scaling the whole score, as
+    before, scaled the skill match too, which every capable node has alike, so a full node had
+    to be far better to win: a free node with a third less success took the task
+    (bench/quality.py at 90% load: 0.6-1.0 points closer to the oracle that fills free slots
+    first, decision 0040). ``WeightedScore(slot_share=False)`` is seed 003's form.
     """
 
     name: ClassVar[str] = "weighted"
@@ -137,7 +144,7 @@ class WeightedScore(_Scored):
         self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
         """Weighted confidence and skill match (bare confidence when no skill is required),
-        times the slot share."""
+        the confidence at the node's slot share."""
         if not announcement.required_skills:
             terms = {"confidence": bid.confidence}
         else:
@@ -147,13 +154,10 @@ class WeightedScore(_Scored):
                 "confidence": self.confidence_weight * bid.confidence,
                 "skill_match": self.skill_weight * match,
             }
-        total = sum(terms.values())
-        multipliers: dict[str, float] = {}
         share = formulas.slot_share(bid.in_flight, bid.capacity) if self.slot_share else 1.0
         if share < 1.0:
-            multipliers["slot_share"] = share
-            total *= share
-        return Score(node=bid.node, total=total, terms=terms, multipliers=multipliers)
+            terms["slot_share"] = -terms["confidence"] * (1.0 - share)
+        return Score(node=bid.node, total=sum(terms.values()), terms=terms)
 
 
 @dataclass

@@ -745,16 +745,33 @@ def test_ties_go_to_the_least_busy_node_before_chance():
     assert HighestConfidence(rng=random.Random(1)).select(bids[:2], make_rfp(), {}).node == "half"
 
 
+def test_weighted_score_queues_behind_a_full_node_that_is_proportionally_better():
+    # given a full node (3 busy of 3 slots) that succeeds 94% of the time, and two free ones
+    # at 78% and 60%, all with the required skill
+    full = make_bid("full", confidence=0.94, in_flight=3, capacity=3)
+    fair = make_bid("fair", confidence=0.78, in_flight=0, capacity=3)
+    poor = make_bid("poor", confidence=0.60, in_flight=0, capacity=3)
+    announcement = make_rfp(required_skills=["x"])
+    caps = {b.node: NodeCapability(node=b.node, skills=["x"]) for b in (full, fair, poor)}
+    # when the full node meets the 60% one, then it wins: 0.94 at three quarters of a slot
+    # is more than 0.6 on a free one
+    assert WeightedScore().select([full, poor], announcement, caps).node == "full"
+    # and against the 78% one it loses: that is more than 0.94 x 3/4
+    assert WeightedScore().select([full, fair], announcement, caps).node == "fair"
+
+
 def test_weighted_score_prefers_a_free_slot_over_a_slightly_better_full_node():
     # given a full node with a better record and an idle one slightly worse
     full = make_bid("full", confidence=0.95, in_flight=4, capacity=4)
     idle = make_bid("idle", confidence=0.85, in_flight=0, capacity=4)
     announcement = make_rfp(required_skills=["x"])
     caps = {b.node: NodeCapability(node=b.node, skills=["x"]) for b in (full, idle)}
-    # when scored, then the full node's score is scaled by its slot share 4/5 and the idle wins
+    # when scored, then the full node's confidence counts at its slot share 4/5 (the busy
+    # slots take a fifth of it, shown as the slot_share term) and the idle wins
     scores = WeightedScore().score_all([full, idle], announcement, caps)
-    assert scores[0].multipliers == {"slot_share": pytest.approx(0.8)}
-    assert scores[0].total == pytest.approx((0.6 * 0.95 + 0.4) * 0.8)
+    assert scores[0].terms["slot_share"] == pytest.approx(-0.6 * 0.95 * 0.2)
+    assert scores[0].total == pytest.approx(0.6 * 0.95 * 0.8 + 0.4)
+    assert scores[0].multipliers == {}
     assert WeightedScore().select([full, idle], announcement, caps).node == "idle"
     # and seed 003's plain form (slot_share=False) picks the better record
     assert WeightedScore(slot_share=False).select([full, idle], announcement, caps).node == "full"

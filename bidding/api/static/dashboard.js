@@ -155,7 +155,8 @@
   // --- scores -------------------------------------------------------------------------------
 
   // A bid's score as a bar: one segment per term, scaled so the bar is as long as the total
-  // (multipliers such as slot_share shrink every segment alike).
+  // (negative terms, such as slot_share's, and multipliers, such as warm's, scale every
+  // segment alike).
   function scoreBar(bid, scale) {
     const bd = bid.breakdown || {};
     const terms = Object.entries(bd.terms || {});
