@@ -3,8 +3,8 @@
 Per node: episodes (task type, success, finish time) and in-flight work (awarded and not
 finished: queued on the node or running). An awarded task waits in the node's execution queue
 while all its slots are busy, as in Celery's ``exec.<node>`` queue. Time is in seconds, so the
-production settings (``experience_window`` 10 episodes, ``recent_failure_seconds`` 3600 s)
-apply unchanged.
+production settings (``experience_window`` 10 episodes, read with the 20 before them as
+``Settings.episodes_read`` says, ``recent_failure_seconds`` 3600 s) apply unchanged.
 
 Resources (a task's ``needs``, a node's ``profile.resources``): a node starts an attempt only
 while its running attempts leave room (``bidding.resources.fits``), as the live node does; its
@@ -107,8 +107,11 @@ class Sim:
         if fails:
             while fails and fails[0] < cutoff:
                 fails.popleft()
+        newest_first = tuple(reversed(latest))
+        window = SETTINGS.experience_window
         return NodeHistory(
-            outcomes=tuple(reversed(latest)),
+            outcomes=newest_first[:window],
+            earlier=newest_first[window:],
             recent_failures=len(fails) if fails else 0,
             in_flight=self.in_flight(node),
             attempts=self.attempts[node],
@@ -186,7 +189,7 @@ class Sim:
             self._add(self.reserved[node], task.needs, -1.0)
         ok = self.records[task.idx].success
         key = (node, task.task_type)
-        self.outcomes.setdefault(key, deque(maxlen=SETTINGS.experience_window)).append(ok)
+        self.outcomes.setdefault(key, deque(maxlen=SETTINGS.episodes_read)).append(ok)
         if not ok:
             self.failures.setdefault(key, deque()).append(now)
         self.attempts[node] += 1

@@ -22,8 +22,12 @@ from bidding.strategies.formulas import skill_match
 class NodeHistory:
     """What the store knows about a node when it bids."""
 
-    #: Outcomes of its latest episodes of this task type, newest first.
+    #: Outcomes of its latest episodes of this task type (``bidding_experience_window``),
+    #: newest first.
     outcomes: tuple[bool, ...] = ()
+    #: Outcomes of the episodes before those, newest first (up to ``Settings.episodes_read``
+    #: in all): its longer record, the prior of its confidence.
+    earlier: tuple[bool, ...] = ()
     #: Durations (seconds) of the successful ones among them, newest first.
     durations: tuple[float, ...] = ()
     #: Failures of this task type within ``bidding_recent_failure_seconds``.
@@ -85,7 +89,7 @@ def compute_bid(
         experience=scores.experience_score(history.outcomes),
         load=scores.load_score(history.in_flight, profile.capacity),
         confidence=scores.informed_confidence(history.outcomes, history.kin,
-                                              announcement.min_confidence),
+                                              announcement.min_confidence, history.earlier),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scores.learned_trust(profile.trust, history.successes, history.attempts),

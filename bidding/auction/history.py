@@ -180,7 +180,7 @@ def read_histories(
     conn = core(session)
     latest = conn.execute(_latest_of_nodes(len(names)),
                           {**params, "task_type": task_type,
-                           "limit": settings.experience_window}).all()
+                           "limit": settings.episodes_read}).all()
     outcomes: dict[str, list[tuple[float, bool, float]]] = {name: [] for name in names}
     for row in latest:
         outcomes[row.node].append((row.finished_at, bool(row.success),
@@ -197,13 +197,15 @@ def read_histories(
                                    attempts=int(totals.get(name, (0, 0))[0]),
                                    successes=int(totals.get(name, (0, 0))[1]))
                  for name in names}
+    window = settings.experience_window
     latest_first = {name: sorted(outcomes[name], key=lambda p: p[0], reverse=True)
                     for name in names}
     return {name: dataclasses.replace(
                 known.get(name, NodeHistory()),
-                outcomes=tuple(ok for _, ok, _ in latest_first[name]),
+                outcomes=tuple(ok for _, ok, _ in latest_first[name][:window]),
+                earlier=tuple(ok for _, ok, _ in latest_first[name][window:]),
                 # What the built-in bidder's duration estimate is made of.
-                durations=tuple(took for _, ok, took in latest_first[name] if ok))
+                durations=tuple(took for _, ok, took in latest_first[name][:window] if ok))
             for name in names}
 
 

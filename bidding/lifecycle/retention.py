@@ -8,10 +8,11 @@ finished graph goes with its steps; ended worker rows with their last heartbeat.
 that is not final.
 
 What scoring reads survives: a node's record (attempts and successes, kept on its row), and
-per node and task type its latest ``bidding_experience_window`` outcomes (the experience
-score) and every outcome within ``bidding_recent_failure_seconds`` (the x0.8 penalty). Only
-older episodes go, so a node that kept failing a task type still bids low for it after a
-prune, however short the retention.
+per node and task type the latest outcomes its bids read (three windows of
+``bidding_experience_window``: the experience score, the confidence and its prior) and every
+outcome within ``bidding_recent_failure_seconds`` (the x0.8 penalty). Only older episodes go,
+so a node that kept failing a task type still bids low for it after a prune, however short
+the retention.
 
 Deletes run in bounded batches, one short transaction each, oldest first, so that the nodes'
 own writes never wait long behind a prune (SQLite has one writer at a time).
@@ -263,9 +264,10 @@ def _old_episodes(node: str, task_type: str, before: float) -> ColumnElement[boo
 
 def _prune_episodes(settings: Settings, cutoff: float, batch: int, *, dry_run: bool) -> int:
     """Delete (or count) the episodes scoring no longer reads: per node and task type, those
-    finished before ``cutoff`` and older than its latest ``experience_window`` outcomes (an
-    attempt lost with its worker is no outcome of the type: it goes with the cutoff)."""
-    keep = settings.experience_window
+    finished before ``cutoff`` and older than the latest outcomes its bids read
+    (``Settings.episodes_read``; an attempt lost with its worker is no outcome of the type: it
+    goes with the cutoff)."""
+    keep = settings.episodes_read
     total = 0
     with read_session(settings.database_url) as session:
         groups = session.execute(_GROUPS, {"cutoff": cutoff}).all()

@@ -126,10 +126,14 @@ def test_bid_numbers_come_from_scoring():
     assert bid.capability == 1.0
     assert bid.experience == 0.75
     assert bid.load == 0.25
-    # confidence: 3 of 4 successes smoothed toward an optimistic prior worth 2 episodes:
-    # (3 + 2) / (4 + 2); seed 000's content heuristic rides along in the metadata
-    assert bid.confidence == pytest.approx(5 / 6)
-    assert bid.confidence == scoring.estimated_success(history.outcomes)
+    # confidence: 3 of 4 successes smoothed toward the node's longer record, worth 10
+    # episodes; that record (here the same four, none earlier) is itself smoothed toward an
+    # optimistic prior worth 2: (3 + 2) / (4 + 2) = 5/6, so (3 + 10 * 5/6) / (4 + 10);
+    # seed 000's content heuristic rides along in the metadata
+    assert bid.confidence == pytest.approx((3 + 10 * 5 / 6) / 14)
+    longer = scoring.estimated_success(history.outcomes)
+    assert bid.confidence == pytest.approx(
+        scoring.estimated_success(history.outcomes, prior=longer, weight=10))
     assert bid.metadata["content_confidence"] == 0.9
     assert bid.cost == pytest.approx(0.1)
     assert bid.latency_ms == 40.0

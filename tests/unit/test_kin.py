@@ -60,9 +60,11 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     # and without a kin's record it bids as a newcomer does (the optimistic 1.0)
     assert scores.kin_prior(0, 0) == 1.0
     assert confidence(NodeHistory()) == 1.0
-    # and its own episodes outweigh the prior as they accrue: 10 successes of 10
+    # and its own episodes outweigh the prior as they accrue: 10 successes of 10 (its longer
+    # record, the same ten, smoothed toward the kin's rate, is the prior of the ten)
+    longer = (10 + 2 * 16 / 22) / 12
     assert confidence(NodeHistory(outcomes=(True,) * 10, kin=(20, 14))) == pytest.approx(
-        (10 + 2 * 16 / 22) / 12)
+        (10 + 10 * longer) / 20)
     # and its kin's failures never rule it out while its own record does not: one failure of
     # its own (2 / 3 with the optimistic prior) keeps it at the minimum
     assert confidence(NodeHistory(outcomes=(False,), kin=(20, 2))) == 0.5

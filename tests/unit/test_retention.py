@@ -170,8 +170,8 @@ def test_a_prune_deletes_old_finished_tasks_with_their_records_and_nothing_else(
 def test_a_node_that_kept_failing_a_task_type_still_bids_low_for_it_after_a_prune(
     settings: Settings,
 ) -> None:
-    # given a node that failed a task type twelve times, and one that did it twelve times,
-    # all of it finished 40 days ago
+    # given a node that failed a task type two more times than its bids read, and one that
+    # did it as often, all of it finished 40 days ago
     for name in ("flaky", "steady"):
         heartbeat(
             settings,
@@ -184,21 +184,23 @@ def test_a_node_that_kept_failing_a_task_type_still_bids_low_for_it_after_a_prun
                 trust=70,
             ),
         )
-    for _ in range(12):
+    runs = settings.episodes_read + 2
+    for _ in range(runs):
         finished(settings, node="flaky", task_type="ocr", success=False)
         finished(settings, node="steady", task_type="ocr", success=True)
     before = {n: gather_history(settings, n, "ocr") for n in ("flaky", "steady")}
     assert before["flaky"].outcomes == (False,) * settings.experience_window
+    assert len(before["flaky"].earlier) == settings.episodes_read - settings.experience_window
     # when everything finished is pruned (the shortest retention there is)
     pruned = prune(settings, 0)
-    # then every task is gone, the episodes beyond the experience window with them
-    assert pruned.tasks == 24
-    assert pruned.episodes == 2 * (12 - settings.experience_window)
+    # then every task is gone, the episodes beyond those the bids read with them
+    assert pruned.tasks == 2 * runs
+    assert pruned.episodes == 2 * (runs - settings.episodes_read)
     # and each node's latest outcomes and record survive: the failing node still bids low
     after = {n: gather_history(settings, n, "ocr") for n in ("flaky", "steady")}
     assert after == before
-    assert (after["flaky"].attempts, after["flaky"].successes) == (12, 0)
-    assert (after["steady"].attempts, after["steady"].successes) == (12, 12)
+    assert (after["flaky"].attempts, after["flaky"].successes) == (runs, 0)
+    assert (after["steady"].attempts, after["steady"].successes) == (runs, runs)
 
 
 def test_recent_failures_survive_a_prune_of_everything(settings: Settings) -> None:
