@@ -11,7 +11,8 @@ The simulation keeps, per node, what the store would hold: episodes (task type, 
 finish time) and in-flight work (awarded and not finished: queued on the node or running).
 An awarded task waits in the node's execution queue while all its slots are busy, as in
 Celery's ``exec.<node>`` queue. Time is in seconds, so the production settings
-(``experience_window`` 10 episodes, ``recent_failure_seconds`` 3600 s) apply unchanged.
+(``experience_window`` 10 episodes, read with the 20 before them, ``recent_failure_seconds``
+3600 s) apply unchanged.
 
 Baselines: FIFO (first free capable node in a fixed, per-seed shuffled order, else a central
 queue served by whichever capable node frees first), random, least-loaded, and an oracle that

@@ -3,7 +3,8 @@
 The specialist ``pdfpro`` (the only type it can do is ``extract``) succeeds with probability
 0.95 until the task at mid-run arrives and 0.3 from then on (``Sim.drift``), worse than the bad
 node ``hype`` (0.35), which declares every skill. Nothing tells the policies: the default
-learns it from the episodes its bids read (``NodeHistory.outcomes``, the last 10 of the type).
+learns it from the episodes its bids read (``NodeHistory.outcomes``, the last 10 of the type,
+with the 20 before them, ``NodeHistory.earlier``, as their prior).
 
 Caught: walking the ``extract`` tasks that arrive after the drift, the first at which the
 drifted node's share of the last ``WINDOW`` extract tasks (those before the drift included) is

@@ -29,15 +29,19 @@ from bidding.strategies.formulas import slot_share
 #    falls as failures come in; a node estimated below the announcement's min_confidence (0.5)
 #    is no longer eligible for that type (decide() already applies min_confidence). The content
 #    heuristic leaves the ranking: it is the same for every bidder of an auction.
-#    Production: new ``scoring.estimated_success(outcomes)``, used by ``bid.compute_bid`` for
-#    ``confidence=`` instead of ``scoring.confidence_score(content)``.
+#    Production then: new ``scoring.estimated_success(outcomes)``, used by ``bid.compute_bid``
+#    for ``confidence=`` instead of ``scoring.confidence_score(content)``; production's is now
+#    ``scoring.informed_confidence`` (the kin's record and the longer record as priors), and P1
+#    here keeps the first form.
 # P2 = P1 + "slot share" (strategy): WeightedScore's total (0.6 confidence + 0.4 skill match,
 #    unchanged) is multiplied, like composite's multipliers, by the share of a slot the task
 #    would get on the node: slot_share = min(1, capacity / (in_flight + 1)). Among nodes with a
 #    free slot the best estimate wins; a full node wins only if it is that much better. It uses
 #    the bid's in_flight and capacity, which refresh_loads keeps current.
-#    Production: new ``scoring.slot_share(in_flight, capacity)``, applied in
-#    ``strategies.WeightedScore.score`` as ``multipliers["slot_share"]``.
+#    Production then: new ``scoring.slot_share(in_flight, capacity)``, applied in
+#    ``strategies.WeightedScore.score`` as ``multipliers["slot_share"]``; since decision 0040
+#    it scales the confidence term only (a negative ``slot_share`` term). P2 here keeps the
+#    form first measured: the plain seed-003 score times the share.
 #    (Putting the share into the bid's confidence instead was tried and rejected: a busy node's
 #    confidence then falls under min_confidence, and when every capable node is busy the task
 #    fails with NoBidsError. Load belongs in the ranking, not in the eligibility.)
@@ -76,14 +80,16 @@ def bid_smoothed_experience(announcement: Announcement, profile: NodeProfile, hi
 
 @dataclass
 class WeightedSlotShare(WeightedScore):
-    """P2: the production WeightedScore, its total multiplied by the bidder's slot share."""
+    """P2: seed 003's WeightedScore (no slot share of its own), its total multiplied by the
+    bidder's slot share."""
 
     name: ClassVar[str] = "weighted_slot_share"
+    slot_share: bool = False
 
     def score(
         self, bid: Bid, announcement: Announcement, capabilities: Mapping[str, NodeCapability]
     ) -> Score:
-        """The production score, its total times ``slot_share`` when the bidder is full."""
+        """Seed 003's score, its total times ``slot_share`` when the bidder is full."""
         base = super().score(bid, announcement, capabilities)
         share = slot_share(bid.in_flight, bid.capacity)
         if share >= 1.0:

@@ -112,7 +112,7 @@ def decide(
             strategy, ScoringStrategy):
         free_slot = {b.node: b.in_flight < b.capacity for b in eligible}
         placed = [_placed(score, placement.multipliers(announcement, rooms.get(score.node), fit,
-                                                       free_slot[score.node]))
+                                                       free_slot.get(score.node, True)))
                   for score in strategy.score_all(eligible, announcement, caps)]
         scores.extend(placed)
         return award(outcome="awarded", winner=best_of(

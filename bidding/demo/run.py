@@ -81,7 +81,8 @@ def _stream(rng: random.Random, n: int) -> list[tuple[str, list[Any], dict[str, 
     # node, one no node can do (seed 001: "No bidders registered"), one nobody is confident
     # enough for.
     stream.insert(n // 3, ("database_query", ["DROP TABLE jr_task_bids"], {}))
-    # After that failure bluefin's confidence in database work is (s + 2) / (n + 2) < 0.95.
+    # After that failure bluefin's confidence in database work is under 0.95 (one failure in
+    # its latest episodes of the type, with its longer record as the prior).
     stream.insert(n // 2, ("database_query", ["SELECT 1"], {"min_confidence": 0.95}))
     stream.insert(2 * n // 3, ("summarize", ["needs a skill nobody has"],
                                {"required_skills": ["quantum_annealing"]}))

@@ -249,7 +249,7 @@ def _prune_graphs(settings: Settings, cutoff: float, batch: int, pruned: Pruned)
 
 _GROUPS = (select(Episode.node, Episode.task_type).where(Episode.finished_at < bindparam("cutoff"))
            .group_by(Episode.node, Episode.task_type))
-#: The ``keep``-th latest outcome of a node's task type (its experience reads the latest).
+#: The ``keep``-th latest outcome of a node's task type (its bids read the latest ``keep``).
 _KEPT_FROM = (select(Episode.finished_at)
               .where(Episode.node == bindparam("node"), Episode.task_type == bindparam("type"),
                      Episode.lost.is_(False))

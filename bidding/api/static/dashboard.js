@@ -154,18 +154,22 @@
 
   // --- scores -------------------------------------------------------------------------------
 
-  // A bid's score as a bar: one segment per term, scaled so the bar is as long as the total
-  // (negative terms, such as slot_share's, and multipliers, such as warm's, scale every
-  // segment alike).
+  // A bid's score as a bar: one segment per positive term, scaled so the bar is as long as the
+  // total (a multiplier, such as warm's, scales every segment alike). A negative term is a
+  // part of the confidence taken away (slot_share's: a full node's busy slots), so it
+  // shortens the confidence segment.
   function scoreBar(bid, scale) {
     const bd = bid.breakdown || {};
-    const terms = Object.entries(bd.terms || {});
-    const sum = terms.reduce((s, [, v]) => s + Math.max(0, v), 0);
+    const raw = bd.terms || {};
+    const taken = Object.values(raw).reduce((s, v) => s + Math.min(0, v), 0);
+    const terms = Object.entries(raw).filter(([, v]) => v > 0).map(([k, v]) =>
+      [k, k === "confidence" ? Math.max(0, v + taken) : v]);
+    const sum = terms.reduce((s, [, v]) => s + v, 0);
     const total = bid.score || 0;
     const factor = sum > 0 ? total / sum : 0;
     const bar = h("span", {class: "bar", title: breakdownText(bd)});
     for (const [term, value] of terms) {
-      const width = (100 * Math.max(0, value) * factor) / (scale || 1);
+      const width = (100 * value * factor) / (scale || 1);
       bar.append(h("i", {style: `width:${width}%;background:${TERM_COLORS[term] || OTHER_TERM}`,
                          title: `${term} ${num(value)}`}));
     }
@@ -183,7 +187,10 @@
   function termLegend(auctions) {
     const seen = new Set();
     for (const a of auctions) {
-      for (const b of a.bids) for (const t of Object.keys((b.breakdown || {}).terms || {})) seen.add(t);
+      // Only the terms a bar draws (a negative one shortens confidence's segment instead).
+      for (const b of a.bids) {
+        for (const [t, v] of Object.entries((b.breakdown || {}).terms || {})) if (v > 0) seen.add(t);
+      }
     }
     return h("p", {class: "legend"}, "Score bars: ",
       [...seen].sort().map((t) => h("span", {class: "term"},
