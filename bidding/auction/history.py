@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -33,6 +32,7 @@ from bidding.nodes.kin import kin_records
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.engine import core
+from bidding.store.forkguard import child_safe_lock
 from bidding.store.schema import AnnouncementRow, Episode, Node
 
 logger = logging.getLogger(__name__)
@@ -217,7 +217,7 @@ HISTORY_CACHE_LIMIT = 2048
 _history: OrderedDict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = (
     OrderedDict())
 #: Bid threads read and fill the cache at once: an LRU's reordering is not atomic.
-_history_lock = threading.Lock()
+_history_lock = child_safe_lock()
 
 
 def history_cache_size() -> int:

@@ -9,7 +9,6 @@ their histories; an announcer caches the answer per task type for
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -17,6 +16,7 @@ from sqlalchemy import bindparam, select
 
 from bidding.config import Settings
 from bidding.store import read_session
+from bidding.store.forkguard import child_safe_lock
 from bidding.store.schema import NodeRecord
 
 logger = logging.getLogger(__name__)
@@ -39,7 +39,7 @@ def read_records(settings: Settings, task_type: str, nodes: Sequence[str]) -> di
 
 
 _cache: dict[tuple[str, str], tuple[float, frozenset[str], dict[str, Record]]] = {}
-_lock = threading.Lock()
+_lock = child_safe_lock()
 
 
 def records_of(settings: Settings, task_type: str,

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 
 from sqlalchemy import Engine, text
 
 from bidding import clock
+from bidding.store.forkguard import child_safe_lock, guard
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ FIRST_READ_WAIT = 5.0
 
 _SERVER_NOW = text("SELECT extract(epoch FROM clock_timestamp())")
 
-_lock = threading.Lock()
+_lock = child_safe_lock()
 #: The store the current reading came from ("" before any), and when (monotonic) to read
 #: it again.
 _source = ""
@@ -76,7 +76,9 @@ def _read(source: str, engine: Engine, *, local: bool) -> None:
     if started < _retry_at.get(source, 0.0):
         return
     try:
-        with engine.connect() as connection:
+        # Inside the fork guard, as a session is: no pool process is forked while this
+        # thread is in the driver (opening a connection takes the C library's own locks).
+        with guard.inside(), engine.connect() as connection:
             sent = time.monotonic()
             server = connection.execute(_SERVER_NOW).scalar_one()
             received = time.monotonic()

@@ -36,7 +36,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, QueuePool
 
 from bidding.config import db_pool_size, db_transaction_pooler
 from bidding.store import clock as store_clock
-from bidding.store.forkguard import guard
+from bidding.store.forkguard import child_safe_lock, guard
 
 _WRITE_OPTION = "bidding_write"
 #: Seconds to wait for a new PostgreSQL connection.
@@ -47,7 +47,7 @@ PING_AFTER_IDLE = 30.0
 #: Connections a process may open to a server store at a peak, beyond its pool's
 #: ``bidding_db_pool_size``.
 MAX_OVERFLOW = 10
-_lock = threading.Lock()
+_lock = child_safe_lock()
 #: Jitter of reconnection pauses (its own generator: see nodes.periodic).
 _jitter = random.Random()
 

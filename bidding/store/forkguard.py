@@ -13,6 +13,12 @@ exclusively: it waits until no thread is inside the store (sessions are millisec
 new sessions out while ``fork()`` runs, and lets them in again after. A thread that forks while
 inside a session itself does not wait for itself. The wait is bounded: after ``FORK_WAIT``
 seconds the fork goes ahead and a warning says so.
+
+The same copy holds for Python's own locks: one that a thread of the parent held at the fork
+stays held in the child, where no thread will ever release it. The module-level locks that a
+pool process may take (caches, the clock's reading, the engines) are made with
+``child_safe_lock``: a forked child gets each of them free, as ``logging`` does for its
+handlers' locks.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +102,29 @@ class ForkGuard:
 
 guard = ForkGuard()
 
+#: The locks a forked child gets free (``child_safe_lock``).
+_child_safe: list[threading.Lock] = []
+
+
+def child_safe_lock() -> threading.Lock:
+    """A module-level lock that a forked child gets free, whoever held it in the parent.
+
+    For a lock the process keeps for its lifetime (each one is remembered): a cache's, a
+    reading's. The child starts with its parent's data as it was; only its locks are new."""
+    lock = threading.Lock()
+    _child_safe.append(lock)
+    return lock
+
+
+def _free_locks_in_child() -> None:
+    for lock in _child_safe:
+        # CPython's own way (threading, logging and concurrent.futures use it): the lock
+        # object stays the one the modules hold, unlocked, with nothing waiting on it.
+        cast_lock: Any = lock
+        cast_lock._at_fork_reinit()
+
+
 if hasattr(os, "register_at_fork"):  # POSIX
     os.register_at_fork(before=guard.before_fork, after_in_parent=guard.after_fork_in_parent,
                         after_in_child=guard.after_fork_in_child)
+    os.register_at_fork(after_in_child=_free_locks_in_child)

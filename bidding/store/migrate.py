@@ -9,7 +9,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,7 +19,7 @@ from sqlalchemy.engine import make_url
 
 from bidding.errors import ConfigurationError
 from bidding.store.engine import get_engine, is_sqlite, normalize_url, sqlite_path, store_label
-from bidding.store.forkguard import guard
+from bidding.store.forkguard import child_safe_lock, guard
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -28,7 +27,7 @@ if TYPE_CHECKING:
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _ADVISORY_KEY = 7_404_119_005  # any constant shared by every process of this product
 _done: set[str] = set()
-_done_lock = threading.Lock()
+_done_lock = child_safe_lock()
 
 
 def alembic_config() -> Config:

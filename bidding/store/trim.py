@@ -15,7 +15,6 @@ SQLite's connections are files of this process, no server's: they are left alone
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 from sqlalchemy.pool import PoolProxiedConnection
@@ -27,6 +26,7 @@ from bidding.store.engine import (
     is_sqlite,
     looking_at_idle,
 )
+from bidding.store.forkguard import child_safe_lock, guard
 
 #: Seconds a pooled server connection may stay unused before ``trim_idle`` closes it (one per
 #: pool is always kept). Longer than the sweeper's slowest idle phase, so that a quiet node's
@@ -37,7 +37,7 @@ IDLE_CLOSE_AFTER = 60.0
 TRIM_EVERY = 15.0
 
 _last = {"pid": 0, "at": 0.0}
-_lock = threading.Lock()
+_lock = child_safe_lock()
 
 
 def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
@@ -58,7 +58,8 @@ def trim_idle(url: str, *, after: float = IDLE_CLOSE_AFTER) -> int:
         return 0  # not quiet now: the next look
     taken: list[PoolProxiedConnection] = []
     closed = 0
-    with looking_at_idle():
+    # Inside the fork guard, as a session is (closing a connection is a call into the driver).
+    with guard.inside(), looking_at_idle():
         try:
             # Only what is idle, and only while nobody else is taking: a checkout finding
             # the pool empty would open a connection (refused here: ``WouldConnect``) or, with

@@ -16,26 +16,18 @@ never wait: a phase that found work runs at once, as many at a time as the loops
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from bidding.store.forkguard import child_safe_lock
 
 #: Seconds an idle pass waits for the turn before it runs anyway. A quiet pass takes a few
 #: milliseconds; one that takes longer is blocked, and the others must not wait on it for long.
 QUIET_TURN_WAIT = 0.2
 
-_turn = threading.Lock()
-
-
-def _reset_in_child() -> None:
-    # A fork copies the lock as it was: held, if a loop of the parent had its turn, and no
-    # thread of the child would ever release it.
-    global _turn
-    _turn = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_reset_in_child)
+#: A fork copies a lock as it was: held, if a loop of the parent had its turn, and no thread
+#: of the child would ever release it; this one is free in a forked child.
+_turn = child_safe_lock()
 
 
 @contextmanager

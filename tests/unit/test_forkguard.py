@@ -116,3 +116,90 @@ def test_a_fork_waits_for_sessions_in_other_threads_and_keeps_new_ones_out() -> 
     assert forked.wait(5)
     holder.join(5)
     forker.join(5)
+
+
+def _module_locks() -> dict[str, threading.Lock]:
+    """The module-level locks a pool process may take, by where they live."""
+    from bidding.auction import history
+    from bidding.nodes import records
+    from bidding.store import clock, engine, migrate, trim, turns
+
+    return {"records": records._lock, "history": history._history_lock,
+            "clock": clock._lock, "engine": engine._lock, "trim": trim._lock,
+            "migrate": migrate._done_lock, "turns": turns._turn}
+
+
+def test_a_child_forked_while_threads_hold_the_modules_locks_can_take_them() -> None:
+    # given a thread of this process holding every module-level lock a pool process may take
+    # (a cache being filled, the clock being read, an engine being built) ...
+    locks = _module_locks()
+    held, leave = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        for lock in locks.values():
+            lock.acquire()
+        held.set()
+        leave.wait(10)
+        for lock in locks.values():
+            lock.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(5)
+    try:
+        # ... when this process forks (as Celery forks a pool process after a hard time limit)
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 when it could take every lock
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.alarm(CHILD_LIMIT)
+            try:
+                taken = [lock.acquire(timeout=1) for lock in locks.values()]
+            finally:
+                os._exit(0 if all(taken) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        leave.set()
+        holder.join(10)
+    # then the child took each of them at once, and the parent's are as they were
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert not any(lock.locked() for lock in locks.values())
+
+
+def test_the_store_clock_is_read_inside_the_fork_guard() -> None:
+    # given a server store whose clock this process has not read yet
+    from bidding import clock
+    from bidding.store import clock as store_clock
+    from bidding.store.forkguard import guard
+
+    seen: list[int] = []
+
+    class Connection:
+        def __enter__(self) -> Connection:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            return None
+
+        def execute(self, statement: object) -> Connection:
+            # what a fork would meet now: this thread inside the store
+            seen.append(guard._depth())
+            return self
+
+        def scalar_one(self) -> float:
+            return 1_700_000_000.0
+
+    class Engine:
+        def connect(self) -> Connection:
+            return Connection()
+
+    store_clock.forget()
+    try:
+        # when the reading is taken
+        store_clock.keep_current("postgresql+psycopg://clock-test/db", Engine(),  # type: ignore[arg-type]
+                                 local=False)
+        # then it ran inside the guard, so no pool process was forked meanwhile
+        assert seen == [1]
+        current = clock.current()
+        assert current is not None and current.server == 1_700_000_000.0
+    finally:
+        store_clock.forget()
