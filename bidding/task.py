@@ -161,8 +161,15 @@ class BiddingTask(Task):  # type: ignore[misc]  # Celery's Task is untyped
         keep_clock(settings.database_url)
         announcement = build_announcement(self, settings, args, kwargs, merged, task_id)
         announcement.canvas = canvas_of(self.app, link, link_error, options)
-        return announce(Context(settings, self.app), announcement, delay=delay,
-                        fresh_id=task_id is None)
+        ctx = Context(settings, self.app)
+        result = announce(ctx, announcement, delay=delay, fresh_id=task_id is None)
+        if delay > 0 and not announcement.expired(announcement.announced_at):
+            # A countdown or eta: this process announces it at its time, as a retry's node
+            # does; the sweeper, which looks for due tasks once a second while idle, is the
+            # fallback (this process gone before then, or the task further than the alarm's
+            # horizon).
+            announce_at(ctx, announcement.task_id, announcement.announced_at + delay)
+        return result
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task body; on a node: begin its attempt, run the body, record the outcome."""

@@ -1,10 +1,13 @@
-"""Announce on time the retries this process scheduled.
+"""Announce on time the retries and the countdowns this process scheduled.
 
 A retry's backoff ends at a time the node that failed knows. The sweeper announces due tasks at
 its passes of ``announce_due``, and an idle federation's sweeper makes those once a second
 (``sweeper.IDLE_INTERVAL``, +-25%): alone, it would turn a 0.5 s backoff into up to 1.75 s.
 So the process that scheduled a retry also sets an alarm for it: one daemon thread per process
-keeps the times and, at each, announces the tasks then due among those it was given.
+keeps the times and, at each, announces the tasks then due among those it was given. A caller's
+``countdown`` or ``eta`` is the same: the idle sweeper wakes for the next due task it read, but
+one scheduled after that read waited for its next pass (up to 1.25 s late); the calling process
+sets an alarm for it too.
 
 The sweeper stays the fallback (this process killed or recycled before its alarm rings, the
 store unreachable then). The alarm and the sweeper may find one retry due together: each claims
@@ -63,7 +66,7 @@ class Alarm:
         with self._changed:
             if self._pid != os.getpid():  # first use here (a forked child starts ``_fresh``)
                 self._pid = os.getpid()
-                threading.Thread(target=self._ring, name="bidding-retry-alarm",
+                threading.Thread(target=self._ring, name="bidding-alarm",
                                  daemon=True).start()
             heapq.heappush(self._due, (at, next(self._order), task_id, ctx))
             self._changed.notify()
@@ -92,7 +95,7 @@ class Alarm:
                 try:
                     self.announce(ctx, task_ids)
                 except Exception as exc:  # the sweeper announces them at its next pass
-                    logger.warning("announcing retries %s at their time failed (%s); the "
+                    logger.warning("announcing %s at their time failed (%s); the "
                                    "sweeper will", ", ".join(task_ids), exc)
 
 

@@ -233,6 +233,25 @@ def test_a_task_that_fails_twice_succeeds_on_a_third_node_after_the_policy_delay
     assert bidding.explain(result.id, app=nodes.app).state == "SUCCESS"
 
 
+def test_a_countdown_starts_its_auction_on_time_on_an_idle_federation(nodes: Cluster) -> None:
+    # given an idle federation (after 3 s with nothing to do its sweeper passes once a second)
+    # and calls with a 0.3 s countdown, each after such a spell, at different moments of the
+    # sweeper's pass
+    results = []
+    for idle in (3.0, 3.5):
+        time.sleep(idle)
+        results.append(shaped.apply_async((idle,), countdown=0.3,
+                                          bidding={"task_type": fresh_type()}))
+        # when it runs
+        assert results[-1].get(timeout=30) == {"value": idle}
+    # then each auction opened at its time, not at the sweeper's next pass (up to 1 s late)
+    for result in results:
+        log = messages(nodes, result.id)
+        scheduled = next(m.at for m in log if m.kind == "SCHEDULED")
+        announced = next(m.at for m in log if m.kind == "ANNOUNCED")
+        assert 0.29 <= announced - scheduled <= 0.3 + 0.2, announced - scheduled
+
+
 def test_a_non_retryable_error_fails_at_once(nodes: Cluster) -> None:
     # given a policy that does not retry RuntimeError
     policy = {"max_retries": 3, "base_ms": 100, "non_retryable": ["RuntimeError"]}
