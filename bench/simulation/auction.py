@@ -99,15 +99,17 @@ class Auction:
                                    if (n, task.task_type) in sim.typed})
         bids: list[Bid] = []
         refusals: list[Refusal] = []
-        # Each candidate's kin (same profile but the name) and their pooled record on the
-        # type, as ``nodes.kin.kin_records`` reads them from the store.
+        # Each candidate's kin (same profile but the name) and their pooled records, on the
+        # type and overall, as ``nodes.kin.kin_records`` reads them from the store.
         typed = {n: sim.typed[(n, task.task_type)] for n in self._names
                  if (n, task.task_type) in sim.typed}
-        kin = {name: pooled(typed, others) for name, others in kin_of(live, candidates).items()}
+        kin = {name: (pooled(typed, others),
+                      (sum(sim.attempts[k] for k in others), sum(sim.successes[k] for k in others)))
+               for name, others in kin_of(live, candidates).items()}
         for name in candidates:
             history = sim.history(name, task.task_type, now)
-            if kin.get(name, (0, 0))[0] > 0:
-                history = dataclasses.replace(history, kin=kin[name])
+            if name in kin and kin[name][0][0] > 0:
+                history = dataclasses.replace(history, kin=kin[name][0], kin_overall=kin[name][1])
             answer = self.bid_fn(announcement, sim.specs[name].profile, history, now)
             if isinstance(answer, Bid):
                 bids.append(answer)

@@ -40,6 +40,9 @@ class NodeHistory:
     #: Its kin's pooled record on this task type (attempts, successes; ``nodes.kin``): the
     #: prior of its confidence. (0, 0): none known, the optimistic prior.
     kin: tuple[int, int] = (0, 0)
+    #: Its kin's pooled record on everything they ran (attempts, successes): with its own
+    #: (``attempts``, ``successes``), how this replica does beside them.
+    kin_overall: tuple[int, int] = (0, 0)
 
 
 def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float) -> str | None:
@@ -88,8 +91,10 @@ def compute_bid(
         capability=capability,
         experience=scores.experience_score(history.outcomes),
         load=scores.load_score(history.in_flight, profile.capacity),
-        confidence=scores.informed_confidence(history.outcomes, history.kin,
-                                              announcement.min_confidence, history.earlier),
+        confidence=scores.informed_confidence(
+            history.outcomes, history.kin, announcement.min_confidence, history.earlier,
+            own_overall=(history.attempts, history.successes),
+            kin_overall=history.kin_overall),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scores.learned_trust(profile.trust, history.successes, history.attempts),

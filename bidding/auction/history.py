@@ -28,7 +28,7 @@ from bidding.context import Context
 from bidding.lifecycle import states
 from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
-from bidding.nodes.kin import kin_records
+from bidding.nodes.kin import KinRecord, kin_records
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
 from bidding.store.engine import core
@@ -280,11 +280,13 @@ def forget_history() -> None:
 
 
 def with_kin(histories: dict[str, NodeHistory],
-             kin: Mapping[str, tuple[int, int]]) -> dict[str, NodeHistory]:
-    """The histories, each with its node's kin's pooled record on the type (``nodes.kin``)."""
+             kin: Mapping[str, KinRecord]) -> dict[str, NodeHistory]:
+    """The histories, each with its node's kin's pooled records, on the type and overall
+    (``nodes.kin``)."""
     if not kin:
         return histories
-    return {name: dataclasses.replace(h, kin=kin[name]) if name in kin else h
+    return {name: dataclasses.replace(h, kin=kin[name].on_type, kin_overall=kin[name].overall)
+            if name in kin else h
             for name, h in histories.items()}
 
 

@@ -90,14 +90,40 @@ def kin_prior(attempts: int, successes: int) -> float:
 #: Weight, in episodes, of a node's longer record on a task type (its latest episodes before
 #: and with the window, ``earlier``) as the prior of its estimate over the window.
 LONGER_RECORD_EPISODES = 10.0
+#: Weight, in episodes, of what the kin's record says of a node on a task type, as the prior
+#: of its longer record there: at most this, and no more than the kin's attempts there.
+KIN_RECORD_EPISODES = 80.0
+#: Weight, in episodes, of the kin's node-wide rate in a node's own (``replica_factor``).
+REPLICA_PRIOR_EPISODES = 20.0
+
+
+def replica_factor(own: tuple[int, int], kin: tuple[int, int]) -> float:
+    """How a node does beside its kin over everything it ran: its node-wide success rate
+    (``own``: attempts, successes), smoothed toward the kin's, over the kin's (``kin``: their
+    pooled node-wide record). 1.0 without a kin record; above 1 for a replica that does better.
+
+    Replicas of one profile differ (a slower disk, a flakier network): a node-wide difference
+    shows in every type it runs, so its whole record sees it long before its few episodes of
+    one type can.
+    """
+    attempts, successes = kin
+    if attempts <= 0:
+        return 1.0
+    kin_rate = (successes + SUCCESS_PRIOR_EPISODES) / (attempts + SUCCESS_PRIOR_EPISODES)
+    own_rate = ((own[1] + REPLICA_PRIOR_EPISODES * kin_rate)
+                / (own[0] + REPLICA_PRIOR_EPISODES))
+    return own_rate / kin_rate
 
 
 def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum: float,
-                        earlier: Sequence[bool] = ()) -> float:
+                        earlier: Sequence[bool] = (), *, own_overall: tuple[int, int] = (0, 0),
+                        kin_overall: tuple[int, int] = (0, 0)) -> float:
     """A bid's confidence: the node's estimate over its latest ``outcomes``, with its longer
     record as the prior (those and the ``earlier`` outcomes before them, themselves smoothed
-    toward its kin's pooled record, attempts and successes), never pushed under ``minimum``
-    (the announcement's ``min_confidence``) by the prior alone.
+    toward what its kin's record says of it: their pooled rate on the type, ``kin``, times how
+    the node does beside them over everything it ran, ``replica_factor`` of ``own_overall``
+    and ``kin_overall``), never pushed under ``minimum`` (the announcement's
+    ``min_confidence``) by the prior alone.
 
     Two speeds: the latest window (10 episodes) sees a node start failing within a few
     tasks; the longer record (30) tells apart nodes whose rates differ by a few points, which
@@ -109,7 +135,15 @@ def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum:
     ``minimum``, so is its confidence. Failures of a task's own making on one replica must
     not leave its type without a bidder.
     """
-    longer = estimated_success((*outcomes, *earlier), prior=kin_prior(*kin))
+    if kin[0] > 0:
+        # Worth up to KIN_RECORD_EPISODES: the kin's record on the type pools every replica's,
+        # and the node's own node-wide record places it among them; a node's 30 episodes of
+        # the type alone could not tell replicas a few points apart (bench/quality.py).
+        prior = min(1.0, kin_prior(*kin) * replica_factor(own_overall, kin_overall))
+        weight = max(SUCCESS_PRIOR_EPISODES, min(KIN_RECORD_EPISODES, float(kin[0])))
+    else:
+        prior, weight = 1.0, SUCCESS_PRIOR_EPISODES
+    longer = estimated_success((*outcomes, *earlier), prior=prior, weight=weight)
     informed = estimated_success(outcomes, prior=longer, weight=LONGER_RECORD_EPISODES)
     own = estimated_success(outcomes)
     return max(informed, min(own, minimum))

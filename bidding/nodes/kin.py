@@ -8,12 +8,17 @@ newcomer gets tried; but in a large federation every untried node is then tried 
 fails, once per task type, and a replica of a node that keeps failing a type is tried as if
 nothing were known. Its kin's pooled record is what is known: it becomes the prior
 (``scores.kin_prior``), while the node's own episodes outweigh it as they accrue.
+
+The kin's pooled record over everything they ran comes too: set against the node's own, it
+says how this replica does beside its kin (``scores.replica_factor``), which a node's few
+dozen episodes of one type cannot tell.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Hashable, Mapping, Sequence
+from typing import NamedTuple
 
 from bidding.config import Settings
 from bidding.nodes.records import Record, records_of
@@ -67,12 +72,28 @@ def pooled(records: Mapping[str, Record], kin: Sequence[str]) -> Record:
     return (sum(a for a, _ in found), sum(s for _, s in found))
 
 
-def kin_records(settings: Settings, task_type: str, names: Sequence[str]) -> dict[str, Record]:
+class KinRecord(NamedTuple):
+    """A node's kin's pooled records: on one task type, and on everything they ran."""
+
+    on_type: Record
+    overall: Record
+
+
+def overall(live: Sequence[LiveNode], kin: Sequence[str]) -> Record:
+    """The kin's node-wide records (attempts, successes), summed."""
+    names = set(kin)
+    found = [n for n in live if n.name in names]
+    return (sum(n.attempts for n in found), sum(n.successes for n in found))
+
+
+def kin_records(settings: Settings, task_type: str,
+                names: Sequence[str]) -> dict[str, KinRecord]:
     """For each of ``names`` with live kin that have a record on ``task_type``, their pooled
-    record. From the cached live nodes and records (``nodes.records``); a read that fails
-    gives none (the nodes then bid from their own record alone)."""
+    records there and overall. From the cached live nodes and records (``nodes.records``); a
+    read that fails gives none (the nodes then bid from their own record alone)."""
     try:
-        kin = kin_of(live_nodes(settings), names)
+        live = live_nodes(settings)
+        kin = kin_of(live, names)
         if not kin:
             return {}
         records = records_of(settings, task_type, sorted({k for ks in kin.values() for k in ks}))
@@ -83,5 +104,5 @@ def kin_records(settings: Settings, task_type: str, names: Sequence[str]) -> dic
     for name, ks in kin.items():
         record = pooled(records, ks)
         if record[0] > 0:
-            out[name] = record
+            out[name] = KinRecord(record, overall(live, ks))
     return out

@@ -61,8 +61,9 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     assert scores.kin_prior(0, 0) == 1.0
     assert confidence(NodeHistory()) == 1.0
     # and its own episodes outweigh the prior as they accrue: 10 successes of 10 (its longer
-    # record, the same ten, smoothed toward the kin's rate, is the prior of the ten)
-    longer = (10 + 2 * 16 / 22) / 12
+    # record, the same ten, smoothed toward the kin's rate, is the prior of the ten; the
+    # kin's record weighs as many episodes as they ran, 20, up to 80)
+    longer = (10 + 20 * 16 / 22) / 30
     assert confidence(NodeHistory(outcomes=(True,) * 10, kin=(20, 14))) == pytest.approx(
         (10 + 10 * longer) / 20)
     # and its kin's failures never rule it out while its own record does not: one failure of
@@ -72,3 +73,32 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     assert confidence(NodeHistory(outcomes=(False,) * 3, kin=(20, 2))) == pytest.approx(
         2 / 5)
     assert confidence(NodeHistory(outcomes=(False,) * 3)) == pytest.approx(2 / 5)
+
+
+def test_a_replica_that_does_better_than_its_kin_overall_bids_higher_on_each_type() -> None:
+    # given two replicas with the same few episodes of a type, whose kin ran it 100 times with
+    # 80 successes, and ran 1,000 tasks of every type with 850 successes
+    announcement = Announcement(task_id="t", task_name="w", task_type="extract",
+                                required_skills=["x"])
+    kin = {"kin": (100, 80), "kin_overall": (1000, 850)}
+    outcomes = (True, True, False, True, True)
+
+    def confidence(name: str, attempts: int, successes: int) -> float:
+        history = NodeHistory(outcomes=outcomes, attempts=attempts, successes=successes, **kin)
+        bid = compute_bid(announcement, NodeProfile(name=name, capabilities=["x"]), history,
+                          now=0.0)
+        assert isinstance(bid, Bid)
+        return bid.confidence
+
+    # when one has succeeded 190 times in 200 overall and the other 150 times in 200
+    better, worse = confidence("a-1", 200, 190), confidence("a-2", 200, 150)
+    # then the first bids higher on the type, though their episodes of it are the same
+    assert better > worse
+    # and the factor is its node-wide rate (smoothed toward the kin's) over the kin's
+    kin_rate = (850 + 2) / (1000 + 2)
+    assert scores.replica_factor((200, 190), (1000, 850)) == pytest.approx(
+        (190 + 20 * kin_rate) / 220 / kin_rate)
+    assert scores.replica_factor((200, 150), (1000, 850)) < 1.0
+    # and a node with no record of its own, or whose kin have none, is taken as its kin
+    assert scores.replica_factor((0, 0), (1000, 850)) == pytest.approx(1.0)
+    assert scores.replica_factor((200, 150), (0, 0)) == 1.0
