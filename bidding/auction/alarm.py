@@ -31,7 +31,7 @@ from bidding.context import Context
 
 logger = logging.getLogger(__name__)
 
-#: Retries due further away than this many seconds are left to the sweeper.
+#: Retries and countdowns due further away than this many seconds are left to the sweeper.
 HORIZON = 60.0
 
 #: What an alarm does when it rings: announce these tasks if they are due (``announce_due``).
@@ -71,6 +71,11 @@ class Alarm:
             heapq.heappush(self._due, (at, next(self._order), task_id, ctx))
             self._changed.notify()
         return True
+
+    def clear(self) -> None:
+        """Drop the alarms not rung yet (tests that stop a federation with some set)."""
+        with self._changed:
+            self._due.clear()
 
     def pending(self) -> int:
         """Alarms not rung yet."""

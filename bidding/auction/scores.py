@@ -91,7 +91,8 @@ def kin_prior(attempts: int, successes: int) -> float:
 #: and with the window, ``earlier``) as the prior of its estimate over the window.
 LONGER_RECORD_EPISODES = 10.0
 #: Weight, in episodes, of what the kin's record says of a node on a task type, as the prior
-#: of its longer record there: at most this, and no more than the kin's attempts there.
+#: of its longer record there: at most this, and no more than the kin's attempts there (but
+#: at least ``SUCCESS_PRIOR_EPISODES``).
 KIN_RECORD_EPISODES = 80.0
 #: Weight, in episodes, of the kin's node-wide rate in a node's own (``replica_factor``).
 REPLICA_PRIOR_EPISODES = 20.0

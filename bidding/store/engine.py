@@ -385,14 +385,18 @@ def statement_session(url: str) -> Iterator[Session]:
     (ValueError)."""
     if is_sqlite(url):
         raise ValueError("statement_session: SQLite writes run in write_session")
-    with guard.inside(), engines(url).reader() as session:
+    # The engines (and the clock's reading, which takes the clock's lock and then the guard)
+    # before the guard: never the guard, then the clock's lock.
+    found = engines(url)
+    with guard.inside(), found.reader() as session:
         yield session
 
 
 @contextmanager
 def write_session(url: str) -> Iterator[Session]:
     """A session whose transaction is committed on success and rolled back on error."""
-    with guard.inside(), engines(url).writer() as session, session.begin():
+    found = engines(url)  # before the guard, as in statement_session
+    with guard.inside(), found.writer() as session, session.begin():
         yield session
 
 

@@ -110,7 +110,9 @@ def child_safe_lock() -> threading.Lock:
     """A module-level lock that a forked child gets free, whoever held it in the parent.
 
     For a lock the process keeps for its lifetime (each one is remembered): a cache's, a
-    reading's. The child starts with its parent's data as it was; only its locks are new."""
+    reading's. The child starts with its parent's data as it was; only its locks are new.
+    Never fork while holding one: the child's would be free, and its release would raise.
+    (Celery forks pool processes from its main thread, which holds none.)"""
     lock = threading.Lock()
     _child_safe.append(lock)
     return lock

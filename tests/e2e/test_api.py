@@ -254,10 +254,12 @@ def _prometheus_scrapes(api_url: str, tmp_path: Path, winners: dict[str, float])
             if process.poll() is not None:
                 pytest.fail(f"prometheus exited with {process.returncode}:\n{log.read_text()}")
             with contextlib.suppress(httpx.HTTPError):
-                answer = httpx.get(query, params={
-                    "query": "sum by (node) (bidding_awards_total)"}, timeout=2).json()
+                response = httpx.get(query, params={
+                    "query": "sum by (node) (bidding_awards_total)"}, timeout=2)
+                if response.status_code != 200:
+                    return {}  # starting up: "Service Unavailable" until its storage is ready
                 return {r["metric"]["node"]: float(r["value"][1])
-                        for r in answer["data"]["result"] if float(r["value"][1])}
+                        for r in response.json()["data"]["result"] if float(r["value"][1])}
             return {}
 
         found = wait_until(awards, timeout=60)

@@ -20,6 +20,7 @@ import redis
 import sqlalchemy as sa
 from celery import Celery
 
+from bidding.auction.alarm import ALARM
 from bidding.config import Settings, get_settings, reset_settings
 from bidding.nodes.federation import Federation
 from bidding.nodes.profile import NodeProfile
@@ -182,6 +183,9 @@ def running_cluster(database_url: str, directory: Path, backend: str,
         yield Cluster(app=app, settings=settings, federation=federation,
                       counters=redis.Redis.from_url(COUNTERS), backend=backend)
     finally:
+        # Alarms this process set for the cluster's tasks (countdowns, retries) must not ring
+        # against the next cluster's store.
+        ALARM.clear()
         federation.stop()
         restore_app(app, previous, saved_conf)
 

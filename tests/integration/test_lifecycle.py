@@ -238,7 +238,7 @@ def test_a_countdown_starts_its_auction_on_time_on_an_idle_federation(nodes: Clu
     # and calls with a 0.3 s countdown, each after such a spell, at different moments of the
     # sweeper's pass
     results = []
-    for idle in (3.0, 3.5):
+    for idle in (3.0, 3.4, 3.8):
         time.sleep(idle)
         results.append(shaped.apply_async((idle,), countdown=0.3,
                                           bidding={"task_type": fresh_type()}))
@@ -249,7 +249,7 @@ def test_a_countdown_starts_its_auction_on_time_on_an_idle_federation(nodes: Clu
         log = messages(nodes, result.id)
         scheduled = next(m.at for m in log if m.kind == "SCHEDULED")
         announced = next(m.at for m in log if m.kind == "ANNOUNCED")
-        assert 0.29 <= announced - scheduled <= 0.3 + 0.2, announced - scheduled
+        assert 0.29 <= announced - scheduled <= 0.3 + 0.35, announced - scheduled
 
 
 def test_a_non_retryable_error_fails_at_once(nodes: Cluster) -> None:
