@@ -251,7 +251,9 @@ def _breakdown_text(breakdown: dict[str, Any]) -> str:
         return ""
     if not breakdown.get("eligible", True):
         return f"ineligible: {breakdown.get('reason', '')}"
-    terms = " + ".join(f"{k} {v:.3f}" for k, v in breakdown.get("terms", {}).items())
+    # A term that takes from the score (the busy slots' share) reads "- slot_share 0.114".
+    terms = " ".join(f"{'-' if v < 0 else '+' if i else ''} {k} {abs(v):.3f}".strip()
+                     for i, (k, v) in enumerate(breakdown.get("terms", {}).items()))
     mult = " ".join(f"x{v:g} {k}" for k, v in breakdown.get("multipliers", {}).items())
     reason = breakdown.get("reason") or ""
     return " ".join(p for p in (terms, mult, f"({reason})" if reason else "") if p)
