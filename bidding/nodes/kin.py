@@ -70,7 +70,7 @@ def kin_of(live: Sequence[LiveNode], names: Sequence[str]) -> dict[str, list[str
 
 
 def pooled(records: Mapping[str, Record], kin: Sequence[str]) -> Record:
-    """The kin's records on a type, summed."""
+    """The kin's records (on a type, or node-wide), summed."""
     found = [records[k] for k in kin if k in records]
     return (sum(a for a, _ in found), sum(s for _, s in found))
 
@@ -80,11 +80,6 @@ class KinRecord(NamedTuple):
 
     on_type: Record
     overall: Record
-
-
-def overall(records: Mapping[str, Record], kin: Sequence[str]) -> Record:
-    """The kin's node-wide records (attempts, successes; ``records`` by node name), summed."""
-    return pooled(records, kin)
 
 
 def kin_records(settings: Settings, task_type: str,
@@ -106,5 +101,5 @@ def kin_records(settings: Settings, task_type: str,
     for name, ks in kin.items():
         record = pooled(records, ks)
         if record[0] > 0:
-            out[name] = KinRecord(record, overall(node_wide, ks))
+            out[name] = KinRecord(record, pooled(node_wide, ks))
     return out
