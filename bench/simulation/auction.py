@@ -96,7 +96,8 @@ class Auction:
         candidates = select_candidates(
             announcement, live, sim.rng,
             records=lambda names: {n: sim.typed[(n, task.task_type)] for n in names
-                                   if (n, task.task_type) in sim.typed})
+                                   if (n, task.task_type) in sim.typed},
+            loads=lambda names: {n: sim.in_flight(n) for n in names})
         bids: list[Bid] = []
         refusals: list[Refusal] = []
         # Each candidate's kin (same profile but the name) and their pooled records, on the

@@ -2,9 +2,10 @@
 
 Candidates are live nodes with at least one required skill whose declared resources cover the
 task's needs, not excluded from the task. Above ``candidate_cap`` we keep the best half by a
-prior score (skill match and learned trust) and draw the rest at random, so good nodes are
-always asked and new or unlucky ones still get a chance to earn a history. The default cap,
-"auto", grows with the eligible nodes (``scaled_cap``).
+prior score (skill match, and what is known of the node on the task's type times the share of
+a slot it has free) and draw the rest at random, so good nodes are always asked and new or unlucky
+ones still get a chance to earn a history. The default cap, "auto", grows with the eligible nodes
+(``scaled_cap``).
 """
 
 from __future__ import annotations
@@ -16,26 +17,47 @@ from collections.abc import Callable, Mapping, Sequence
 from bidding import resources
 from bidding.auction import scores
 from bidding.models import Announcement, BidMode
+from bidding.nodes.kin import KinRecord, kin_pools
 from bidding.nodes.records import Record
 from bidding.nodes.registry import LiveNode
+from bidding.strategies.formulas import slot_share
 
 
 def prior_score(announcement: Announcement, node: LiveNode,
-                record: Record | None = None) -> float:
-    """What the producer can tell about a node before it bids: skill match, and its trust as
-    learned from its record (the declared trust moved toward its success rate, as in bids),
-    then moved toward its ``record`` on the task's type (attempts, successes) when given.
+                record: Record | None = None, kin: KinRecord | None = None,
+                in_flight: int = 0) -> float:
+    """What the producer can tell about a node before it bids: skill match, and its expected
+    success on the task's type times the share of a slot it would give the task
+    (``formulas.slot_share`` of its ``in_flight`` tasks, as the default strategy takes it).
+
+    With ``kin`` (its kin's pooled records) that have a record on the type, the expectation
+    is the node's ``record`` there (attempts, successes) smoothed toward what its kin's
+    record says of it, as its bid's longer record is (``scores.kin_informed_prior``), in
+    bands of 2 points. Otherwise, its trust as learned from its record (the declared trust
+    moved toward its success rate, as in bids), then moved toward its ``record`` on the type
+    when given, in bands of 10 points.
 
     Declared trust alone let a node that claims every skill and high trust hold a place in the
     best half however often it failed (bench/quality.py --caps, 32 nodes: cap 4 got 76.7%
     success with declared trust, 85.6% with learned trust). The node-wide record does not see
     who is good at the task type at hand: with the type's record, the best half holds the
-    nodes that do this type well (bench/quality.py, "Ranking the asked nodes").
+    nodes that do this type well (bench/quality.py, "Ranking the asked nodes"). The kin's
+    pooled record tells apart replicas a few points apart, which a few dozen episodes of the
+    type cannot; and a ranking that sharp, blind to load, asks the same best few while their
+    slots are full (bench/quality.py, "Ranking with the kin's record and the slot share").
     """
     match = scores.capability_score(announcement.required_skills, node.capabilities)
+    if kin is not None and kin.on_type[0] > 0:
+        attempts, successes = record if record is not None else (0, 0)
+        prior, weight = scores.kin_informed_prior(
+            kin.on_type, (node.attempts, node.successes), kin.overall)
+        expected = (successes + weight * prior) / (attempts + weight)
+        expected *= slot_share(in_flight, node.capacity)
+        return 0.7 * match + 0.3 * math.floor(expected * 50) / 50
     trust = scores.learned_trust(node.trust, node.successes, node.attempts)
     if record is not None:
         trust = scores.learned_trust(trust, record[1], record[0])
+    trust *= slot_share(in_flight, node.capacity)
     # In bands of 10 points, as the Kubernetes scheduler scores in coarse integers: nodes with
     # about the same record tie, and ties are drawn at random, so the best half rotates among
     # them instead of going to the same few for ever.
@@ -82,14 +104,19 @@ def not_excluded(capable: Sequence[LiveNode], exclude: Sequence[str]) -> list[Li
 def select_candidates(
     announcement: Announcement, live: Sequence[LiveNode], rng: random.Random | None = None,
     records: Callable[[Sequence[str]], Mapping[str, Record]] | None = None,
+    loads: Callable[[Sequence[str]], Mapping[str, int]] | None = None,
 ) -> list[str]:
-    """Live nodes that could bid (filter), capped at ``announcement.candidate_cap`` (best half
-    and random; "auto": ``scaled_cap`` of the eligible nodes).
+    """Live nodes that could bid (filter), capped at ``announcement.candidate_cap`` (the best
+    half by ``prior_score``, and the rest at random; "auto": ``scaled_cap`` of the eligible
+    nodes).
 
     Nodes in ``announcement.exclude_nodes`` (they failed this task or went offline with it) are
     left out while others can do it (``not_excluded``). ``records``: the eligible nodes'
-    records on the task's type, asked for only when there are more than the cap (the best
-    half is ranked with them; a node without one is ranked by its node-wide record).
+    records on the task's type, asked for only when there are more than the cap (the nodes are
+    ranked with them and their kin's, pooled from them; a node without one is ranked by its
+    node-wide record). ``loads``: their tasks in flight, asked for with the records: a full
+    node's expectation is taken times its slot share (a node missing from the answer counts
+    as free).
     """
     required = set(announcement.required_skills)
     capable = [n for n in live if (not required or required & set(n.capabilities))
@@ -101,9 +128,16 @@ def select_candidates(
     if cap == 0 or len(eligible) <= cap:
         return [n.name for n in eligible]
     rng = rng or random.Random()
-    typed = records([n.name for n in eligible]) if records is not None else {}
+    names = [n.name for n in eligible]
+    typed = records(names) if records is not None else {}
+    kin = kin_pools(live, names, typed)
+    in_flight = loads(names) if loads is not None else {}
+    # A full node ranks as the default strategy would score it (its expectation times its
+    # slot share): a ranking sharp enough to tell replicas apart would otherwise ask the same
+    # best few while they are full, and leave out free nodes a little worse (decision 0043).
     ranked = sorted(eligible, key=lambda n: (
-        -prior_score(announcement, n, typed.get(n.name)), rng.random()))
+        -prior_score(announcement, n, typed.get(n.name), kin.get(n.name),
+                     in_flight.get(n.name, 0)), rng.random()))
     keep = math.ceil(cap / 2)
     chosen = ranked[:keep] + rng.sample(ranked[keep:], cap - keep)
     return [n.name for n in chosen]

@@ -116,6 +116,22 @@ def replica_factor(own: tuple[int, int], kin: tuple[int, int]) -> float:
     return own_rate / kin_rate
 
 
+def kin_informed_prior(kin: tuple[int, int], own_overall: tuple[int, int],
+                       kin_overall: tuple[int, int]) -> tuple[float, float]:
+    """What a node's kin say of it on a task type, as a prior and its weight in episodes: the
+    kin's pooled rate there (``kin``: attempts, successes) times the node's ``replica_factor``,
+    worth as many episodes as the kin ran the type, up to ``KIN_RECORD_EPISODES``; the
+    optimistic 1.0, worth ``SUCCESS_PRIOR_EPISODES``, when they have no record there.
+    """
+    if kin[0] <= 0:
+        return 1.0, SUCCESS_PRIOR_EPISODES
+    # Worth up to KIN_RECORD_EPISODES: the kin's record on the type pools every replica's, and
+    # the node's own node-wide record places it among them; a node's 30 episodes of the type
+    # alone could not tell replicas a few points apart (bench/quality.py).
+    prior = min(1.0, kin_prior(*kin) * replica_factor(own_overall, kin_overall))
+    return prior, max(SUCCESS_PRIOR_EPISODES, min(KIN_RECORD_EPISODES, float(kin[0])))
+
+
 def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum: float,
                         earlier: Sequence[bool] = (), *, own_overall: tuple[int, int] = (0, 0),
                         kin_overall: tuple[int, int] = (0, 0)) -> float:
@@ -136,14 +152,7 @@ def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum:
     ``minimum``, so is its confidence. Failures of a task's own making on one replica must
     not leave its type without a bidder.
     """
-    if kin[0] > 0:
-        # Worth up to KIN_RECORD_EPISODES: the kin's record on the type pools every replica's,
-        # and the node's own node-wide record places it among them; a node's 30 episodes of
-        # the type alone could not tell replicas a few points apart (bench/quality.py).
-        prior = min(1.0, kin_prior(*kin) * replica_factor(own_overall, kin_overall))
-        weight = max(SUCCESS_PRIOR_EPISODES, min(KIN_RECORD_EPISODES, float(kin[0])))
-    else:
-        prior, weight = 1.0, SUCCESS_PRIOR_EPISODES
+    prior, weight = kin_informed_prior(kin, own_overall, kin_overall)
     longer = estimated_success((*outcomes, *earlier), prior=prior, weight=weight)
     informed = estimated_success(outcomes, prior=longer, weight=LONGER_RECORD_EPISODES)
     own = estimated_success(outcomes)

@@ -82,6 +82,35 @@ class KinRecord(NamedTuple):
     overall: Record
 
 
+def kin_pools(live: Sequence[LiveNode], names: Sequence[str],
+              on_type: Mapping[str, Record]) -> dict[str, KinRecord]:
+    """Each of ``names``' kin among ``live``, their records pooled: on a type (from ``on_type``,
+    the records an announcer read for it) and overall (from ``live``). A node without kin is
+    missing.
+
+    Summed once per group of kin, then each node's own taken off: an announcer ranks every
+    eligible node (``auction.candidates``), and a thousand replicas of one profile summed for
+    each of them would be a million additions per auction.
+    """
+    groups, by_name = _groups(live)
+    node_wide = {node.name: (node.attempts, node.successes) for node in live}
+    sums: dict[Hashable, KinRecord] = {}
+    out = {}
+    for name in names:
+        key = by_name.get(name)
+        members = groups.get(key, ()) if key is not None else ()
+        if len(members) < 2:
+            continue
+        if key not in sums:
+            sums[key] = KinRecord(pooled(on_type, members), pooled(node_wide, members))
+        total = sums[key]
+        own_type, own_wide = on_type.get(name, (0, 0)), node_wide.get(name, (0, 0))
+        out[name] = KinRecord(
+            (total.on_type[0] - own_type[0], total.on_type[1] - own_type[1]),
+            (total.overall[0] - own_wide[0], total.overall[1] - own_wide[1]))
+    return out
+
+
 def kin_records(settings: Settings, task_type: str,
                 names: Sequence[str]) -> dict[str, KinRecord]:
     """For each of ``names`` with live kin that have a record on ``task_type``, their pooled

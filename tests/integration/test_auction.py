@@ -100,6 +100,42 @@ def test_a_capped_auction_asks_the_node_with_the_best_record_on_the_task_type(
         ("east",)}
 
 
+def test_a_capped_auction_ranks_a_replica_new_to_the_type_by_its_kins_record_there(
+    cluster: Cluster,
+) -> None:
+    # given north and south, kin (one profile but for the name), and east, each with 950
+    # successes in 1,000 attempts overall; and a task type on which south failed 32 of 40
+    # times and east succeeded 30 of 40, and which north never ran
+    task_type = f"kin-ranked-{uuid.uuid4().hex[:8]}"
+    with write_session(cluster.settings.database_url) as session:
+        before = {name: (attempts, successes) for name, attempts, successes in session.execute(
+            select(Node.name, Node.attempts, Node.successes).where(Node.name.in_(NODES)))}
+        session.execute(update(Node).where(Node.name.in_(NODES))
+                        .values(attempts=1000, successes=950))
+        session.execute(insert(NodeRecord), [
+            {"node": "south", "task_type": task_type, "attempts": 40, "successes": 8},
+            {"node": "east", "task_type": task_type, "attempts": 40, "successes": 30}])
+    try:
+        invalidate_cache()
+        # when five such tasks are announced, each asking one node only (the best by rank)
+        results = [shared.apply_async((i,), bidding={"candidate_cap": 1,
+                                                     "task_type": task_type})
+                   for i in range(5)]
+        # then every one was asked of east and ran there: north is ranked by what its kin's
+        # record says of it on the type (about 0.24), not by its good record overall (a
+        # newcomer to the type ranked on that would have been asked every time)
+        assert {r.get(timeout=20)["node"] for r in results} == {"east"}
+        assert {tuple(bidding.explain(r.id, app=cluster.app).candidates)
+                for r in results} == {("east",)}
+    finally:
+        with write_session(cluster.settings.database_url) as session:
+            for name, (attempts, successes) in before.items():
+                session.execute(update(Node).where(Node.name == name).values(
+                    attempts=Node.attempts - 1000 + attempts,
+                    successes=Node.successes - 950 + successes))
+        invalidate_cache()
+
+
 def test_a_node_new_to_a_task_type_bids_from_its_kins_record_there(cluster: Cluster) -> None:
     # given north and south, whose profiles are the same but for the name (kin), and east,
     # whose skills differ; north has succeeded 800 times in 1,000 overall, south 950 times; and

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
 
+from bidding.auction import announce
 from bidding.auction.announcement import build_announcement, check_options
 from bidding.auction.candidates import prior_score, scaled_cap, select_candidates
 from bidding.auction.scores import learned_trust
@@ -224,6 +226,43 @@ def test_cap_gives_every_other_node_a_chance():
     assert set(drawn) == REST
     # and each is asked a fair share of the time (2 of 8 slots: 25% expected, 75 of 300)
     assert all(30 <= drawn[name] <= 130 for name in REST), drawn
+
+
+def test_a_full_node_is_ranked_as_its_bid_would_be_scored_its_record_times_its_slot_share():
+    # given three equally skilled nodes of trust 90, 80 and 60, four slots each, and a cap of
+    # 2 (the best by rank, and one drawn)
+    nodes = [live("ninety", ["a", "b"], trust=90), live("eighty", ["a", "b"], trust=80),
+             live("sixty", ["a", "b"], trust=60)]
+    announcement = CAP_RFP.model_copy(update={"candidate_cap": 2})
+    asked_for: list[list[str]] = []
+
+    def ranked_first(busy: dict[str, int]) -> set[str]:
+        def loads(names: Sequence[str]) -> dict[str, int]:
+            asked_for.append(list(names))
+            return {n: busy[n] for n in names if n in busy}
+
+        return {select_candidates(announcement, nodes, random.Random(seed), loads=loads)[0]
+                for seed in range(20)}
+
+    # when the best has a free slot, then it is always asked first
+    assert ranked_first({"ninety": 3}) == {"ninety"}
+    # and when its four slots are busy (a slot share of 4 / 5: 90 -> 72), the next is
+    assert ranked_first({"ninety": 4}) == {"eighty"}
+    # and it still ranks above a worse free node (72 against 60)
+    assert ranked_first({"ninety": 4, "eighty": 4}) == {"ninety"}
+    assert prior_score(announcement, nodes[0], in_flight=4) == pytest.approx(0.7 + 0.3 * 0.7)
+    # and the loads were read for the eligible nodes
+    assert asked_for[0] == ["ninety", "eighty", "sixty"]
+
+
+def test_a_failed_read_of_the_loads_ranks_the_nodes_without_them(monkeypatch):
+    # given a store that drops the connection when the tasks in flight are read
+    def dropped(settings: Any, names: Any) -> dict[str, int]:
+        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(announce, "in_flight_counts", dropped)
+    # when the announcer asks for them, then it gets none, and ranks by record alone
+    assert announce._in_flight(Settings(), ["n1", "n2"]) == {}
 
 
 def test_odd_cap_keeps_the_larger_half():

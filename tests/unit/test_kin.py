@@ -10,7 +10,7 @@ import pytest
 from bidding.auction import scores
 from bidding.auction.bid import NodeHistory, compute_bid
 from bidding.models import Announcement, Bid
-from bidding.nodes.kin import kin_of, pooled
+from bidding.nodes.kin import KinRecord, kin_of, kin_pools, pooled
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import LiveNode
 
@@ -35,6 +35,32 @@ def test_kin_declare_the_same_profile_but_for_the_name_and_what_they_hold_warm()
     assert kin == {"a-1": ["a-2", "a-3"], "a-2": ["a-1", "a-3"], "a-3": ["a-1", "a-2"]}
     # and their records on a type are summed
     assert pooled({"a-2": (10, 2), "a-3": (5, 1), "cheaper": (9, 9)}, kin["a-1"]) == (15, 3)
+
+
+def test_each_nodes_kin_records_are_pooled_without_its_own() -> None:
+    # given three replicas of one profile with records on a type and node-wide, and a node of
+    # another profile
+    live = [
+        dataclasses.replace(BASE, attempts=100, successes=90),
+        dataclasses.replace(BASE, name="a-2", attempts=50, successes=40),
+        dataclasses.replace(BASE, name="a-3"),
+        dataclasses.replace(BASE, name="cheaper", price_per_unit=0.005, attempts=9,
+                            successes=9),
+    ]
+    on_type = {"a-1": (10, 9), "a-2": (4, 2), "cheaper": (9, 9)}
+    # when their kin's records are pooled for all of them
+    pools = kin_pools(live, [n.name for n in live], on_type)
+    # then each replica gets the sums of the two others', and the lone node none
+    assert pools == {
+        "a-1": KinRecord((4, 2), (50, 40)),
+        "a-2": KinRecord((10, 9), (100, 90)),
+        "a-3": KinRecord((14, 11), (150, 130)),
+    }
+    # as kin_of and pooled would give them, one node at a time
+    kin = kin_of(live, ["a-3"])["a-3"]
+    assert pools["a-3"] == KinRecord(pooled(on_type, kin),
+                                     pooled({n.name: (n.attempts, n.successes) for n in live},
+                                            kin))
 
 
 def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_minimum() -> None:

@@ -5,9 +5,11 @@ there are more than its cap."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
+import pytest
 from sqlalchemy import select, text
 
 from bidding.auction.candidates import prior_score, select_candidates
@@ -15,6 +17,7 @@ from bidding.config import Settings
 from bidding.execution.episodes import record_attempt, record_episode
 from bidding.models import Announcement
 from bidding.nodes.heartbeat import heartbeat
+from bidding.nodes.kin import KinRecord
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.records import read_records
 from bidding.nodes.registry import LiveNode
@@ -103,6 +106,42 @@ def test_the_best_half_of_a_large_federation_is_the_best_at_the_task_type() -> N
     assert prior_score(announcement, nodes[0], typed["n00"]) < prior_score(announcement, nodes[0])
 
 
+def test_a_replica_new_to_a_task_type_is_ranked_by_its_kins_record_there() -> None:
+    # given 48 equally skilled nodes of two profiles (alike but the price; 14 asked, 7 by
+    # rank): on this type, 12 veterans of the steady profile succeeded 36 of 40 times, 12 of
+    # the flaky one 20 of 40, and 12 newcomers of each have no record of the type yet; the
+    # steady veterans' four slots are all busy
+    announcement = Announcement(task_id="t", task_name="w", task_type="extract",
+                                required_skills=["x"])
+    steady = [dataclasses.replace(live(f"steady-{i:02d}"), price_per_unit=0.02)
+              for i in range(24)]
+    flaky = [dataclasses.replace(live(f"flaky-{i:02d}"), price_per_unit=0.03)
+             for i in range(24)]
+    nodes = sorted(steady + flaky, key=lambda n: n.name)
+    typed = {**{n.name: (40, 36) for n in steady[:12]}, **{n.name: (40, 20) for n in flaky[:12]}}
+    busy = {n.name: n.capacity for n in steady[:12]}
+
+    def records(names: Any) -> dict[str, tuple[int, int]]:
+        return {n: typed[n] for n in names if n in typed}
+
+    def loads(names: Any) -> dict[str, int]:
+        return {n: busy[n] for n in names if n in busy}
+
+    newcomers = {n.name for n in steady[12:]}
+    for seed in range(20):
+        # when the candidates are drawn
+        chosen = select_candidates(announcement, nodes, random.Random(seed), records=records,
+                                   loads=loads)
+        # then every node asked by rank is a free newcomer of the steady profile: it is ranked
+        # by its kin's record (about 0.9), a flaky newcomer by theirs (about 0.5), not both as
+        # unknowns, and a busy steady veteran by its record times its slot share (4 / 5)
+        assert len(chosen) == 14
+        assert set(chosen[:7]) <= newcomers, chosen
+    # and a steady newcomer ranks as its kin's rate on the type says
+    kin = KinRecord(on_type=(12 * 40, 12 * 36), overall=(23 * 50, 23 * 45))
+    assert prior_score(announcement, steady[20], None, kin) == pytest.approx(0.7 + 0.3 * 0.9)
+
+
 def test_a_small_federation_never_reads_the_records() -> None:
     # given eight eligible nodes (the "auto" cap asks all of them)
     announcement = Announcement(task_id="t", task_name="w", task_type="extract",
@@ -112,9 +151,10 @@ def test_a_small_federation_never_reads_the_records() -> None:
     def records(names: Any) -> dict[str, tuple[int, int]]:
         raise AssertionError("read although every node is asked")
 
-    # when the candidates are drawn, then every node is asked without a read
-    assert select_candidates(announcement, nodes, random.Random(0),
-                             records=records) == [n.name for n in nodes]
+    # when the candidates are drawn, then every node is asked without a read (of the records,
+    # or of the tasks in flight)
+    assert select_candidates(announcement, nodes, random.Random(0), records=records,
+                             loads=records) == [n.name for n in nodes]
 
 
 def test_the_records_are_read_once_per_type_while_fresh_and_a_failed_read_ranks_without_them(
