@@ -21,7 +21,7 @@ from bidding.auction.award import strategy_of
 from bidding.auction.board import get_board
 from bidding.auction.candidates import select_candidates
 from bidding.auction.expiry import expire
-from bidding.auction.history import in_flight_counts
+from bidding.auction.loads import recent_loads
 from bidding.auction.opening import write_tags
 from bidding.auction.plan import Circumstances, Route, plan_auction
 from bidding.auction.routes import Auction, run_plan
@@ -153,18 +153,6 @@ def open_auction(
         raise
 
 
-def _in_flight(settings: Settings, names: Sequence[str]) -> dict[str, int]:
-    """The eligible nodes' tasks in flight, which rank a full node lower (its slot share)
-    when an auction asks only some of them; a read that fails gives none (they are ranked
-    as if free)."""
-    try:
-        return in_flight_counts(settings, names)
-    except Exception as exc:
-        logger.debug("could not read the nodes' tasks in flight (ranking them as if free): %s",
-                     exc)
-        return {}
-
-
 def _look(
     settings: Settings, announcement: Announcement, in_time: bool
 ) -> tuple[list[LiveNode], list[str], list[str]]:
@@ -181,7 +169,7 @@ def _look(
     # Read only when there are more eligible nodes than the cap: they are ranked by their
     # record on this task type, and their kin's.
     typed = functools.partial(records_of, settings, announcement.task_type)
-    loads = functools.partial(_in_flight, settings)
+    loads = functools.partial(recent_loads, settings)
     candidates = select_candidates(announcement, live, records=typed, loads=loads)
     if not candidates:
         live = live_nodes(settings, fresh=True)

@@ -19,7 +19,7 @@ import pytest
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 
-from bidding.auction import announce
+from bidding.auction import loads
 from bidding.auction.announcement import build_announcement, check_options
 from bidding.auction.candidates import prior_score, scaled_cap, select_candidates
 from bidding.auction.scores import learned_trust
@@ -255,14 +255,38 @@ def test_a_full_node_is_ranked_as_its_bid_would_be_scored_its_record_times_its_s
     assert asked_for[0] == ["ninety", "eighty", "sixty"]
 
 
-def test_a_failed_read_of_the_loads_ranks_the_nodes_without_them(monkeypatch):
+def test_a_failed_read_of_the_loads_ranks_the_nodes_as_if_free(monkeypatch):
     # given a store that drops the connection when the tasks in flight are read
     def dropped(settings: Any, names: Any) -> dict[str, int]:
         raise OperationalError("SELECT", {}, Exception("server closed the connection"))
 
-    monkeypatch.setattr(announce, "in_flight_counts", dropped)
-    # when the announcer asks for them, then it gets none, and ranks by record alone
-    assert announce._in_flight(Settings(), ["n1", "n2"]) == {}
+    loads.invalidate_cache()
+    monkeypatch.setattr(loads, "in_flight_counts", dropped)
+    # when the announcer asks for them, then it gets none, and ranks the nodes as if free
+    assert loads.recent_loads(Settings(), ["n1", "n2"]) == {}
+
+
+def test_the_loads_are_read_once_while_fresh_and_again_for_nodes_not_covered(monkeypatch):
+    # given a store that counts the reads of the tasks in flight
+    reads: list[list[str]] = []
+
+    def read(settings: Any, names: Any) -> dict[str, int]:
+        reads.append(list(names))
+        return {"n1": 2}
+
+    loads.invalidate_cache()
+    monkeypatch.setattr(loads, "in_flight_counts", read)
+    settings = Settings(live_cache_seconds=60)
+    # when an announcer ranks the same nodes twice, then a third time with one more
+    assert loads.recent_loads(settings, ["n1", "n2"]) == {"n1": 2}
+    assert loads.recent_loads(settings, ["n2", "n1"]) == {"n1": 2}
+    loads.recent_loads(settings, ["n1", "n2", "n3"])
+    # then the store was read for the first and the third only
+    assert reads == [["n1", "n2"], ["n1", "n2", "n3"]]
+    # and with no cache (0 s), every time
+    loads.recent_loads(Settings(live_cache_seconds=0), ["n1"])
+    assert len(reads) == 3
+    loads.invalidate_cache()
 
 
 def test_odd_cap_keeps_the_larger_half():
