@@ -36,6 +36,7 @@ from bidding.auction.decision import (
     refresh_loads,
 )
 from bidding.auction.history import in_flight_counts, rooms_of
+from bidding.auction.loads import note_award
 from bidding.auction.placement import Room, placed
 from bidding.auction.reserve import AGAIN, Again, reserve
 from bidding.config import Settings
@@ -223,6 +224,7 @@ def route_award(ctx: Context, announcement: Announcement, award: Award) -> None:
 def _route(ctx: Context, announcement: Announcement, award: Award) -> None:
     """``route_award``, within the award's span."""
     if award.winner is not None:
+        note_award(ctx.settings, award.winner)  # ranks the next auctions (auction.loads)
         # Before the execution, so that Flower has it before the winner's own events.
         events.awarded(ctx.app, announcement, award.winner, exec_queue(award.winner),
                        outcome=award.outcome)

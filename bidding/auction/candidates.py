@@ -22,6 +22,10 @@ from bidding.nodes.records import Record
 from bidding.nodes.registry import LiveNode
 from bidding.strategies.formulas import slot_share
 
+#: The width of the prior's bands of expected success (it was 10 points, which lumped replicas
+#: a few points apart; decision 0043).
+BAND = 0.02
+
 
 def prior_score(announcement: Announcement, node: LiveNode,
                 record: Record | None = None, kin: KinRecord | None = None,
@@ -32,10 +36,10 @@ def prior_score(announcement: Announcement, node: LiveNode,
 
     With ``kin`` (its kin's pooled records) that have a record on the type, the expectation
     is the node's ``record`` there (attempts, successes) smoothed toward what its kin's
-    record says of it, as its bid's longer record is (``scores.kin_informed_prior``), in
-    bands of 2 points. Otherwise, its trust as learned from its record (the declared trust
-    moved toward its success rate, as in bids), then moved toward its ``record`` on the type
-    when given, in bands of 10 points.
+    record says of it, as its bid's longer record is (``scores.kin_informed_prior``).
+    Otherwise, its trust as learned from its record (the declared trust moved toward its
+    success rate, as in bids), then moved toward its ``record`` on the type when given. Both
+    in bands of ``BAND`` (2 points), so that a replica and a lone node compare on one scale.
 
     Declared trust alone let a node that claims every skill and high trust hold a place in the
     best half however often it failed (bench/quality.py --caps, 32 nodes: cap 4 got 76.7%
@@ -52,16 +56,17 @@ def prior_score(announcement: Announcement, node: LiveNode,
         prior, weight = scores.kin_informed_prior(
             kin.on_type, (node.attempts, node.successes), kin.overall)
         expected = (successes + weight * prior) / (attempts + weight)
-        expected *= slot_share(in_flight, node.capacity)
-        return 0.7 * match + 0.3 * math.floor(expected * 50) / 50
-    trust = scores.learned_trust(node.trust, node.successes, node.attempts)
-    if record is not None:
-        trust = scores.learned_trust(trust, record[1], record[0])
-    trust *= slot_share(in_flight, node.capacity)
-    # In bands of 10 points, as the Kubernetes scheduler scores in coarse integers: nodes with
+    else:
+        trust = scores.learned_trust(node.trust, node.successes, node.attempts)
+        if record is not None:
+            trust = scores.learned_trust(trust, record[1], record[0])
+        expected = trust / 100.0
+    expected *= slot_share(in_flight, node.capacity)
+    # In bands of 2 points, as the Kubernetes scheduler scores in coarse integers: nodes with
     # about the same record tie, and ties are drawn at random, so the best half rotates among
-    # them instead of going to the same few for ever.
-    return 0.7 * match + 0.3 * (trust // 10) / 10.0
+    # them instead of going to the same few for ever (the epsilon keeps a rate on a band's
+    # edge, 0.9 as 0.8999..., in its band).
+    return 0.7 * match + 0.3 * math.floor(expected / BAND + 1e-9) * BAND
 
 
 #: The "auto" cap's floor: up to this many eligible nodes, all are asked.

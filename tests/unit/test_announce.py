@@ -176,17 +176,17 @@ def test_prior_score_uses_the_trust_a_node_has_earned():
     # that succeeded in all 20
     boaster = live("boaster", ["a", "b"], trust=90, attempts=20, successes=2)
     steady = live("steady", ["a", "b"], trust=60, attempts=20, successes=20)
-    # then the record counts as it does in their bids (scoring.learned_trust), in bands of 10
+    # then the record counts as it does in their bids (scoring.learned_trust), in bands of 2
     assert prior_score(CAP_RFP, steady) > prior_score(CAP_RFP, boaster)
     assert learned_trust(90, 2, 20) == pytest.approx(36.67, abs=0.01)
-    assert prior_score(CAP_RFP, boaster) == pytest.approx(0.7 + 0.3 * 0.3)
+    assert prior_score(CAP_RFP, boaster) == pytest.approx(0.7 + 0.3 * 0.36)
     # and a node without a record keeps its declared trust
     assert prior_score(CAP_RFP, live("new", ["a", "b"], trust=90)) == pytest.approx(0.97)
 
 
 def test_nodes_with_about_the_same_record_tie_and_share_the_best_half():
-    # given six equally skilled nodes whose earned trust is 96-100 (all in the top band)
-    nodes = [live(f"n{i}", ["a", "b"], trust=70, attempts=100, successes=100 - i)
+    # given six equally skilled nodes whose earned trust is 99.2-99.7 (all in the top band)
+    nodes = [live(f"n{i}", ["a", "b"], trust=70, attempts=1000, successes=1000 - i)
              for i in range(6)]
     assert len({prior_score(CAP_RFP, n) for n in nodes}) == 1
     # when candidates are drawn with a cap of 4 (the best 2 by prior, 2 at random) many times
@@ -250,20 +250,32 @@ def test_a_full_node_is_ranked_as_its_bid_would_be_scored_its_record_times_its_s
     assert ranked_first({"ninety": 4}) == {"eighty"}
     # and it still ranks above a worse free node (72 against 60)
     assert ranked_first({"ninety": 4, "eighty": 4}) == {"ninety"}
-    assert prior_score(announcement, nodes[0], in_flight=4) == pytest.approx(0.7 + 0.3 * 0.7)
+    assert prior_score(announcement, nodes[0], in_flight=4) == pytest.approx(0.7 + 0.3 * 0.72)
     # and the loads were read for the eligible nodes
     assert asked_for[0] == ["ninety", "eighty", "sixty"]
 
 
-def test_a_failed_read_of_the_loads_ranks_the_nodes_as_if_free(monkeypatch):
-    # given a store that drops the connection when the tasks in flight are read
-    def dropped(settings: Any, names: Any) -> dict[str, int]:
-        raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+def test_a_failed_read_of_the_loads_ranks_by_the_last_answer_or_as_if_free(monkeypatch):
+    # given a store that answers once, then drops the connection when the tasks in flight are
+    # read
+    answers: list[Any] = [{"n1": 4}]
+
+    def read(settings: Any, names: Any) -> dict[str, int]:
+        if not answers:
+            raise OperationalError("SELECT", {}, Exception("server closed the connection"))
+        return answers.pop()
 
     loads.invalidate_cache()
-    monkeypatch.setattr(loads, "in_flight_counts", dropped)
-    # when the announcer asks for them, then it gets none, and ranks the nodes as if free
-    assert loads.recent_loads(Settings(), ["n1", "n2"]) == {}
+    monkeypatch.setattr(loads, "in_flight_counts", read)
+    settings = Settings(live_cache_seconds=60)
+    # when the announcer asks for them, then for one node more (read again, and dropped)
+    assert loads.recent_loads(settings, ["n1"]) == {"n1": 4}
+    # then it ranks by the last answer
+    assert loads.recent_loads(settings, ["n1", "n2"]) == {"n1": 4}
+    # and with no answer at all, as if every node were free
+    loads.invalidate_cache()
+    assert loads.recent_loads(settings, ["n1", "n2"]) == {}
+    loads.invalidate_cache()
 
 
 def test_the_loads_are_read_once_while_fresh_and_again_for_nodes_not_covered(monkeypatch):
@@ -281,9 +293,13 @@ def test_the_loads_are_read_once_while_fresh_and_again_for_nodes_not_covered(mon
     assert loads.recent_loads(settings, ["n1", "n2"]) == {"n1": 2}
     assert loads.recent_loads(settings, ["n2", "n1"]) == {"n1": 2}
     loads.recent_loads(settings, ["n1", "n2", "n3"])
-    # then the store was read for the first and the third only
-    assert reads == [["n1", "n2"], ["n1", "n2", "n3"]]
-    # and with no cache (0 s), every time
+    # then the store was read for the first, and for the one more only
+    assert reads == [["n1", "n2"], ["n3"]]
+    # and a task this process awards counts on its winner at once, until the next read
+    loads.note_award(settings, "n2")
+    loads.note_award(settings, "n1")
+    assert loads.recent_loads(settings, ["n1", "n2"]) == {"n1": 3, "n2": 1}
+    # and with no cache (0 s), every ranking reads
     loads.recent_loads(Settings(live_cache_seconds=0), ["n1"])
     assert len(reads) == 3
     loads.invalidate_cache()
