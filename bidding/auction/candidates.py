@@ -55,7 +55,7 @@ def prior_score(announcement: Announcement, node: LiveNode,
         attempts, successes = record if record is not None else (0, 0)
         prior, weight = scores.kin_informed_prior(
             kin.on_type, (node.attempts, node.successes), kin.overall)
-        expected = (successes + weight * prior) / (attempts + weight)
+        expected = scores.smoothed_rate(attempts, successes, prior, weight)
     else:
         trust = scores.learned_trust(node.trust, node.successes, node.attempts)
         if record is not None:
@@ -116,7 +116,7 @@ def select_candidates(
     nodes).
 
     Nodes in ``announcement.exclude_nodes`` (they failed this task or went offline with it) are
-    left out while others can do it (``not_excluded``). ``records``: the eligible nodes'
+    left out while others can do it (``not_excluded``). ``records``: the capable nodes'
     records on the task's type, asked for only when there are more than the cap (the nodes are
     ranked with them and their kin's, pooled from them; a node without one is ranked by its
     node-wide record). ``loads``: their tasks in flight, asked for with the records: a full
@@ -134,7 +134,9 @@ def select_candidates(
         return [n.name for n in eligible]
     rng = rng or random.Random()
     names = [n.name for n in eligible]
-    typed = records(names) if records is not None else {}
+    # The capable nodes' records, not only the eligible ones': a replica left out of a retry
+    # (it failed the task) still counts in its kin's record on the type, as in their bids.
+    typed = records([n.name for n in capable]) if records is not None else {}
     kin = kin_pools(live, names, typed)
     in_flight = loads(names) if loads is not None else {}
     # A full node ranks as the default strategy would score it (its expectation times its

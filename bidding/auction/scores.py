@@ -68,8 +68,14 @@ def estimated_success(outcomes: Sequence[bool], prior: float = 1.0,
     (bench/quality.py measured this against the seed 000 heuristic as the prior: it meets the
     load-spread target, which that one misses).
     """
-    n = len(outcomes)
-    return (sum(1 for ok in outcomes if ok) + weight * prior) / (n + weight)
+    return smoothed_rate(len(outcomes), sum(1 for ok in outcomes if ok), prior, weight)
+
+
+def smoothed_rate(attempts: int, successes: int, prior: float = 1.0,
+                  weight: float = SUCCESS_PRIOR_EPISODES) -> float:
+    """``estimated_success`` from counts: ``(successes + weight * prior) / (attempts +
+    weight)``, as the announcer ranks a node by its stored record (attempts, successes)."""
+    return (successes + weight * prior) / (attempts + weight)
 
 
 def kin_prior(attempts: int, successes: int) -> float:
@@ -84,7 +90,7 @@ def kin_prior(attempts: int, successes: int) -> float:
     """
     if attempts <= 0:
         return 1.0
-    return (successes + SUCCESS_PRIOR_EPISODES) / (attempts + SUCCESS_PRIOR_EPISODES)
+    return smoothed_rate(attempts, successes)
 
 
 #: Weight, in episodes, of a node's longer record on a task type (its latest episodes before
@@ -110,10 +116,8 @@ def replica_factor(own: tuple[int, int], kin: tuple[int, int]) -> float:
     attempts, successes = kin
     if attempts <= 0:
         return 1.0
-    kin_rate = (successes + SUCCESS_PRIOR_EPISODES) / (attempts + SUCCESS_PRIOR_EPISODES)
-    own_rate = ((own[1] + REPLICA_PRIOR_EPISODES * kin_rate)
-                / (own[0] + REPLICA_PRIOR_EPISODES))
-    return own_rate / kin_rate
+    kin_rate = smoothed_rate(attempts, successes)
+    return smoothed_rate(*own, prior=kin_rate, weight=REPLICA_PRIOR_EPISODES) / kin_rate
 
 
 def kin_informed_prior(kin: tuple[int, int], own_overall: tuple[int, int],

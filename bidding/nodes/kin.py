@@ -114,8 +114,9 @@ def kin_pools(live: Sequence[LiveNode], names: Sequence[str],
 def kin_records(settings: Settings, task_type: str,
                 names: Sequence[str]) -> dict[str, KinRecord]:
     """For each of ``names`` with live kin that have a record on ``task_type``, their pooled
-    records there and overall. From the cached live nodes and records (``nodes.records``); a
-    read that fails gives none (the nodes then bid from their own record alone)."""
+    records there and overall (``kin_pools``, as the announcer ranks the nodes it asks). From
+    the cached live nodes and records (``nodes.records``); a read that fails gives none (the
+    nodes then bid from their own record alone)."""
     try:
         live = live_nodes(settings)
         kin = kin_of(live, names)
@@ -125,10 +126,5 @@ def kin_records(settings: Settings, task_type: str,
     except Exception as exc:
         logger.debug("could not read the kin's records on %s: %s", task_type, exc)
         return {}
-    node_wide = {n.name: (n.attempts, n.successes) for n in live}
-    out = {}
-    for name, ks in kin.items():
-        record = pooled(records, ks)
-        if record[0] > 0:
-            out[name] = KinRecord(record, pooled(node_wide, ks))
-    return out
+    return {name: pool for name, pool in kin_pools(live, list(kin), records).items()
+            if pool.on_type[0] > 0}

@@ -16,8 +16,7 @@ from sqlalchemy import bindparam, select
 
 from bidding import clock, resources
 from bidding.config import Settings
-from bidding.nodes import records
-from bidding.store import read_session
+from bidding.store import covered, read_session
 from bidding.store.schema import Node
 
 
@@ -123,8 +122,9 @@ def live_nodes(settings: Settings, *, fresh: bool = False) -> list[LiveNode]:
 
 
 def invalidate_cache() -> None:
-    """Forget cached liveness and records (tests, and after this process changed a node)."""
+    """Forget cached liveness and every cache of reads about nodes (their records, their loads:
+    ``store.covered``), in tests and after this process changed a node."""
     _live_cache.clear()
-    records.invalidate_cache()
+    covered.clear_all()
 
 

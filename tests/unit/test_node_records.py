@@ -142,6 +142,39 @@ def test_a_replica_new_to_a_task_type_is_ranked_by_its_kins_record_there() -> No
     assert prior_score(announcement, steady[20], None, kin) == pytest.approx(0.7 + 0.3 * 0.9)
 
 
+def test_a_retry_ranks_the_replicas_of_the_nodes_it_left_out_by_their_record_there() -> None:
+    # given two veterans of the steady profile that succeeded 190 of 200 times on this type
+    # and the task failed on both (its retry leaves them out), 14 replicas of theirs new to
+    # the type, and 16 nodes of another profile that succeeded 36 of 40 times each (30
+    # eligible: 11 asked, 6 by rank)
+    announcement = Announcement(task_id="t", task_name="w", task_type="extract",
+                                required_skills=["x"], exclude_nodes=["steady-00", "steady-01"])
+    steady = [dataclasses.replace(live(f"steady-{i:02d}"), price_per_unit=0.02)
+              for i in range(16)]
+    middling = [dataclasses.replace(live(f"middling-{i:02d}"), price_per_unit=0.03)
+                for i in range(16)]
+    typed = {**{n.name: (200, 190) for n in steady[:2]}, **{n.name: (40, 36) for n in middling}}
+    asked_for: list[str] = []
+
+    def records(names: Any) -> dict[str, tuple[int, int]]:
+        asked_for.extend(names)
+        return {n: typed[n] for n in names if n in typed}
+
+    newcomers = {n.name for n in steady[2:]}
+    for seed in range(20):
+        # when the retry's candidates are drawn
+        chosen = select_candidates(announcement, steady + middling, random.Random(seed),
+                                   records=records)
+        # then the veterans are not asked, and every node asked by rank is one of their
+        # replicas, ranked by the veterans' record on the type (about 0.95), above the other
+        # profile (0.90), not as unknowns by their node-wide record (0.87)
+        assert len(chosen) == 11
+        assert not {"steady-00", "steady-01"} & set(chosen)
+        assert set(chosen[:6]) <= newcomers, chosen
+    # and the veterans' records were read with the eligible nodes'
+    assert {"steady-00", "steady-01"} <= set(asked_for)
+
+
 def test_a_small_federation_never_reads_the_records() -> None:
     # given eight eligible nodes (the "auto" cap asks all of them)
     announcement = Announcement(task_id="t", task_name="w", task_type="extract",
