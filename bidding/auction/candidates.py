@@ -69,6 +69,10 @@ def prior_score(announcement: Announcement, node: LiveNode,
     return 0.7 * match + 0.3 * math.floor(expected / BAND + 1e-9) * BAND
 
 
+#: The share of a capped auction's candidates taken by rank (the rest are drawn at random,
+#: so that every node is asked now and then and a changed one is seen).
+RANKED_SHARE = 0.5
+
 #: The "auto" cap's floor: up to this many eligible nodes, all are asked.
 AUTO_CAP_FLOOR = 8
 
@@ -145,7 +149,7 @@ def select_candidates(
     ranked = sorted(eligible, key=lambda n: (
         -prior_score(announcement, n, typed.get(n.name), kin.get(n.name),
                      in_flight.get(n.name, 0)), rng.random()))
-    keep = math.ceil(cap / 2)
+    keep = math.ceil(cap * RANKED_SHARE)
     chosen = ranked[:keep] + rng.sample(ranked[keep:], cap - keep)
     return [n.name for n in chosen]
 
