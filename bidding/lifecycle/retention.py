@@ -34,6 +34,7 @@ from bidding.config import Settings
 from bidding.lifecycle import jobs, states, tallies
 from bidding.store import read_session, write_session
 from bidding.store.engine import get_engine, is_sqlite
+from bidding.store.forkguard import guard
 from bidding.store.outage import outlasting
 from bidding.store.schema import (
     AnnouncementRow,
@@ -189,9 +190,18 @@ def _vacuum(url: str, pruned: Pruned) -> None:
     if not tables or is_sqlite(url):
         return
     try:
-        with get_engine(url).connect() as conn:
+        # The connection is taken from the pool and given back inside the fork guard, as a
+        # session's is (a pool process forked while this thread held the pool's lock would
+        # wait on it for ever); the VACUUM itself runs outside, so that a long one does not
+        # hold up the forks of new pool processes.
+        with guard.inside():
+            conn = get_engine(url).connect()
+        try:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 "VACUUM " + ", ".join(tables))  # our own table names, never a request's
+        finally:
+            with guard.inside():
+                conn.close()
     except Exception as exc:  # the rows are gone; their space waits for the next prune
         logger.warning("retention: VACUUM %s failed (%s: %s)", ", ".join(tables),
                        type(exc).__name__, exc)

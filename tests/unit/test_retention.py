@@ -28,6 +28,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.observe.stats import collect, window_start
 from bidding.store import read_session, write_session
+from bidding.store.forkguard import guard
 from bidding.store.schema import (
     AnnouncementRow,
     BidRow,
@@ -413,3 +414,43 @@ def test_a_prune_whose_connection_drops_mid_batch_still_prunes_everything_once(
     assert all(sum(n for kind, n in rows_of(settings, task).items() if kind != "episodes") == 0
                for task in tasks)
     assert pruned.tasks == 2 and pruned.bids == 2
+
+
+@pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
+def test_a_prunes_vacuum_takes_its_connection_inside_the_fork_guard_and_runs_outside(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given old finished tasks, and a store engine that notes, at each step of the VACUUM's
+    # connection, whether this thread is inside the fork guard
+    for _ in range(2):
+        finished(settings)
+    seen: list[tuple[str, bool]] = []
+    real = retention.get_engine(settings.database_url)
+
+    class Noted:
+        def __init__(self, conn: Any) -> None:
+            self.conn = conn
+
+        def execution_options(self, **options: Any) -> Noted:
+            self.conn = self.conn.execution_options(**options)
+            return self
+
+        def exec_driver_sql(self, statement: str) -> Any:
+            seen.append((statement.split()[0], guard._depth() > 0))
+            return self.conn.exec_driver_sql(statement)
+
+        def close(self) -> None:
+            seen.append(("close", guard._depth() > 0))
+            self.conn.close()
+
+    class Engine:
+        def connect(self) -> Noted:
+            seen.append(("connect", guard._depth() > 0))
+            return Noted(real.connect())
+
+    monkeypatch.setattr(retention, "get_engine", lambda url: Engine())
+    # when a prune deletes them
+    assert retention.prune(settings, 30 * DAY).tasks == 2
+    # then the connection was taken and given back inside the guard (no pool process is
+    # forked while this thread holds the pool's lock), and the VACUUM ran outside it (a long
+    # one does not hold up a fork)
+    assert seen == [("connect", True), ("VACUUM", False), ("close", True)]
