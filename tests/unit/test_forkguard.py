@@ -120,11 +120,12 @@ def test_a_fork_waits_for_sessions_in_other_threads_and_keeps_new_ones_out() -> 
 
 def _module_locks() -> dict[str, threading.Lock]:
     """The module-level locks a pool process may take, by where they live."""
-    from bidding.auction import history
+    from bidding.auction import history, loads
     from bidding.nodes import records
     from bidding.store import clock, engine, migrate, trim, turns
 
-    return {"records": records._lock, "history": history._history_lock,
+    return {"records": records._cache._lock, "loads": loads._cache._lock,
+            "history": history._history_lock,
             "clock": clock._lock, "engine": engine._lock, "trim": trim._lock,
             "migrate": migrate._done_lock, "turns": turns._turn}
 
