@@ -193,9 +193,12 @@ def _vacuum(url: str, pruned: Pruned) -> None:
         # The connection is taken from the pool and given back inside the fork guard, as a
         # session's is (a pool process forked while this thread held the pool's lock would
         # wait on it for ever); the VACUUM itself runs outside, so that a long one does not
-        # hold up the forks of new pool processes.
+        # hold up the forks of new pool processes. The engine is fetched before the guard,
+        # as the sessions fetch theirs (it may take the store clock's lock: never the guard,
+        # then that lock).
+        engine = get_engine(url)
         with guard.inside():
-            conn = get_engine(url).connect()
+            conn = engine.connect()
         try:
             conn.execution_options(isolation_level="AUTOCOMMIT").exec_driver_sql(
                 "VACUUM " + ", ".join(tables))  # our own table names, never a request's

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from types import SimpleNamespace
 
 import pytest
 
 from bidding.auction import loads
 from bidding.config import Settings
 from bidding.nodes import records, registry
+from bidding.store import covered
 from bidding.store.covered import CoveredCache
 
 
@@ -49,18 +51,51 @@ def test_a_kept_answer_serves_the_names_it_covers_and_reads_only_the_others() ->
 
 
 def test_an_answer_older_than_its_age_is_read_again_and_a_grown_one_keeps_its_first_age(
-) -> None:
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # given an answer kept for 0.2 s, grown after 0.1 s by a name it did not cover
+    clock = [1000.0]
+    monkeypatch.setattr(covered, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     cache: CoveredCache[int] = CoveredCache("the loads")
     store = Store({"north": 3, "south": 1})
     cache.get("db", ["north"], 0.2, store.read)
-    time.sleep(0.1)
+    clock[0] += 0.1
     cache.get("db", ["south"], 0.2, store.read)
-    # when both are asked for after 0.25 s in all
-    time.sleep(0.15)
+    # when both are asked for at 0.15 s, then at 0.25 s
+    clock[0] += 0.05
     cache.get("db", ["north", "south"], 0.2, store.read)
-    # then they are read afresh: growing the answer did not make it younger
+    clock[0] += 0.1
+    cache.get("db", ["north", "south"], 0.2, store.read)
+    # then they are read afresh only the second time: growing the answer did not make it
+    # younger
     assert store.asked == [["north"], ["south"], ["north", "south"]]
+
+
+def test_a_read_keeps_what_was_changed_or_cleared_while_it_ran() -> None:
+    # given a kept answer for north (3), and reads of south that, while they run, see this
+    # process count an award on north, then clear every cache
+    cache: CoveredCache[int] = CoveredCache("the loads")
+    store = Store({"north": 3, "south": 1})
+    cache.get("db", ["north"], 60.0, store.read)
+
+    def read_while_awarding(names: list[str]) -> dict[str, int]:
+        cache.change("db", "north", lambda count: (count or 0) + 1)
+        return store.read(names)
+
+    def read_while_clearing(names: list[str]) -> dict[str, int]:
+        covered.clear_all()
+        return store.read(names)
+
+    # when south is read while north's award is counted
+    answer = cache.get("db", ["north", "south"], 60.0, read_while_awarding)
+    # then the award stays counted in what is given and kept
+    assert dict(answer) == {"north": 4, "south": 1}
+    assert dict(cache.get("db", ["north", "south"], 60.0, store.read)) == answer
+    # and when east is read while every cache is cleared, the read's answer is given but not
+    # kept: the next call reads afresh
+    cache.get("db", ["north", "east"], 60.0, read_while_clearing)
+    store.asked.clear()
+    cache.get("db", ["north"], 60.0, store.read)
+    assert store.asked == [["north"]]
 
 
 def test_a_failed_read_gives_the_last_answer_or_none() -> None:
@@ -100,7 +135,7 @@ def test_many_keys_forget_the_oldest_half() -> None:
     store = Store({"north": 3})
     for key in range(5):
         cache.get(key, ["north"], 60.0, store.read)
-        time.sleep(0.001)
+        time.sleep(0.001)  # each key read at a later time than the one before
     # when the first and the last are asked for again
     store.asked.clear()
     cache.get(0, ["north"], 60.0, store.read)
