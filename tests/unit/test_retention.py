@@ -459,3 +459,36 @@ def test_a_prunes_vacuum_takes_its_connection_inside_the_fork_guard_and_runs_out
     # run outside it (the engine may take the store clock's lock; a long VACUUM does not hold
     # up a fork)
     assert seen == [("engine", False), ("connect", True), ("VACUUM", False), ("close", True)]
+
+
+@pytest.mark.parametrize("settings", ["postgresql"], indirect=True)
+def test_a_vacuum_that_fails_gives_its_connection_back_inside_the_fork_guard(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # given old finished tasks, and a store whose VACUUM fails (a statement timeout, a
+    # dropped connection)
+    finished(settings)
+    seen: list[tuple[str, bool]] = []
+
+    class Failing:
+        def execution_options(self, **options: Any) -> Failing:
+            return self
+
+        def exec_driver_sql(self, statement: str) -> Any:
+            raise OSError("server closed the connection unexpectedly")
+
+        def close(self) -> None:
+            seen.append(("close", guard._depth() > 0))
+
+    class Engine:
+        def connect(self) -> Failing:
+            return Failing()
+
+    monkeypatch.setattr(retention, "get_engine", lambda url: Engine())
+    # when a prune deletes them
+    with caplog.at_level("WARNING", logger="bidding.lifecycle.retention"):
+        assert retention.prune(settings, 30 * DAY).tasks == 1
+    # then the prune's deletions stand, the connection was given back inside the guard, and
+    # the log says the VACUUM failed and why
+    assert seen == [("close", True)]
+    assert "VACUUM" in caplog.text and "server closed the connection" in caplog.text
