@@ -3,7 +3,7 @@
 - ``header``: machine, versions, command, settings, skipped or failed backends;
 - ``latency``: plain round trip against the auction, at each node count and bid mode;
 - ``throughput``: bursts of plain tasks and of auctions;
-- ``targets``: issue 4's three speed targets;
+- ``targets``: the speed targets this benchmark measures (latency, CPU, throughput, memory);
 - ``timeline``: where an auction's time goes, from the store's timestamps;
 - ``cpu``: CPU per task or auction, per process kind;
 - ``startup``: node start-up and idle cost;
