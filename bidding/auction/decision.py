@@ -15,11 +15,11 @@ from bidding.auction import placement
 from bidding.auction.placement import Room
 from bidding.auction.scores import load_score
 from bidding.models import BUDGET_EPSILON, Announcement, Award, Bid, Refusal, Score
-from bidding.strategies.builtins import best_of
+from bidding.strategies.builtins import best_of, tie_random
 from bidding.strategies.protocol import (
-    ScoringStrategy,
     SelectionStrategy,
     capabilities_of,
+    is_scoring,
     run_select,
 )
 from bidding.strategies.resolver import strategy_name
@@ -108,16 +108,15 @@ def decide(
     if not eligible:
         return award(outcome="failed",
                      error=_no_winner_message(announcement, bids, refusals, scores, candidates))
-    if rooms is not None and placement.placed(announcement) and isinstance(
-            strategy, ScoringStrategy):
+    if rooms is not None and placement.placed(announcement) and is_scoring(strategy):
         free_slot = {b.node: b.in_flight < b.capacity for b in eligible}
         placed = [_placed(score, placement.multipliers(announcement, rooms.get(score.node), fit,
                                                        free_slot.get(score.node, True)))
                   for score in strategy.score_all(eligible, announcement, caps)]
         scores.extend(placed)
         return award(outcome="awarded", winner=best_of(
-            eligible, {s.node: s.total for s in placed}, rng or random.Random()).node)
-    if isinstance(strategy, ScoringStrategy):
+            eligible, {s.node: s.total for s in placed}, rng or tie_random()).node)
+    if is_scoring(strategy):
         scores.extend(strategy.score_all(eligible, announcement, caps))
     winner = run_select(strategy, eligible, announcement, caps)
     reasoning = getattr(strategy, "last_reasoning", "")
@@ -194,7 +193,7 @@ def fallback_node(
     random. Not the load score: its 0.1 floor would make every saturated node tie."""
     if not live:
         return None
-    rng = rng or random.Random()
+    rng = rng or tie_random()
     busy = {n.name: in_flight.get(n.name, 0) / max(1, n.capacity) for n in live}
     least = min(busy.values())
     return rng.choice(sorted(name for name, b in busy.items() if b == least))

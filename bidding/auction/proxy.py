@@ -65,11 +65,9 @@ __all__ = ["PROXY_CLOSE", "answers_inside", "award_by_proxy", "post_proxy_answer
 
 
 def profile_of(node: LiveNode) -> NodeProfile:
-    """The profile ``node`` published with its heartbeat (validated when its worker loaded it)."""
-    return NodeProfile.model_construct(
-        name=node.name, capabilities=list(node.capabilities), capacity=node.capacity,
-        price_per_unit=node.price_per_unit, latency_ms=node.latency_ms, trust=node.trust,
-        resources=dict(node.resources), warm=list(node.warm))
+    """The profile ``node`` published with its heartbeat (validated when its worker loaded it;
+    ``LiveNode.profile``)."""
+    return node.profile
 
 
 def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequence[LiveNode],

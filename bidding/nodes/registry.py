@@ -11,11 +11,13 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from sqlalchemy import bindparam, select
 
 from bidding import clock, resources
 from bidding.config import Settings
+from bidding.nodes.profile import NodeProfile
 from bidding.store import covered, read_session
 from bidding.store.schema import Node
 
@@ -40,6 +42,25 @@ class LiveNode:
     resources: Mapping[str, float] = field(default_factory=dict)
     #: The items it holds warm.
     warm: tuple[str, ...] = ()
+
+    @property
+    def profile(self) -> NodeProfile:
+        """The profile this node published with its heartbeat (validated when its worker loaded
+        it), as its bids are computed from. Built once per reading of the live nodes, which
+        every auction of the next ``bidding_live_cache_seconds`` shares: an announcer bidding
+        for its candidates built one per candidate and auction (bench/RESULTS.md). Not to be
+        changed by its readers."""
+        built = self.__dict__.get("_profile")
+        if built is None:
+            built = NodeProfile.model_construct(
+                name=self.name, capabilities=list(self.capabilities), capacity=self.capacity,
+                price_per_unit=self.price_per_unit, latency_ms=self.latency_ms,
+                trust=self.trust, resources=dict(self.resources), warm=list(self.warm))
+            # Kept beside the (frozen) fields, without a lock: functools.cached_property
+            # would take one lock for every node, which a pool process forked while a thread
+            # held it could never take; two threads racing here build two equal profiles.
+            object.__setattr__(self, "_profile", built)
+        return cast(NodeProfile, built)
 
     @property
     def builtin_bidder(self) -> bool:
