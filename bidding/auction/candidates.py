@@ -20,6 +20,7 @@ from bidding.models import Announcement, BidMode
 from bidding.nodes.kin import KinRecord, kin_pools
 from bidding.nodes.records import Record
 from bidding.nodes.registry import LiveNode
+from bidding.strategies.builtins import tie_random
 from bidding.strategies.formulas import slot_share
 
 #: The width of the prior's bands of expected success (it was 10 points, which lumped replicas
@@ -136,7 +137,7 @@ def select_candidates(
         cap = scaled_cap(len(eligible))
     if cap == 0 or len(eligible) <= cap:
         return [n.name for n in eligible]
-    rng = rng or random.Random()
+    rng = rng or tie_random()
     names = [n.name for n in eligible]
     # The capable nodes' records, not only the eligible ones': a replica left out of a retry
     # (it failed the task) still counts in its kin's record on the type, as in their bids.

@@ -63,8 +63,9 @@ class _Scored:
 
     name: ClassVar[str] = ""
     #: Keyword-only, so ``WeightedScore(0.2, 0.8)`` sets the weights as in seed 003.
-    rng: random.Random = field(default_factory=tie_random, repr=False, compare=False,
-                               kw_only=True)
+    #: Its own generator for tie breaks (seeded, for a reproducible run); None: the process's
+    #: shared one (``tie_random``), which seeding here would reseed for every strategy.
+    rng: random.Random | None = field(default=None, repr=False, compare=False, kw_only=True)
 
     def score_all(
         self,
@@ -91,7 +92,7 @@ class _Scored:
         if not bids:
             return None
         scores = self.score_all(bids, announcement, capabilities)
-        return best_of(bids, {s.node: s.total for s in scores}, self.rng)
+        return best_of(bids, {s.node: s.total for s in scores}, self.rng or tie_random())
 
 
 @dataclass

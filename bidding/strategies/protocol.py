@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import weakref
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Protocol, TypeGuard, runtime_checkable
 
@@ -61,18 +62,24 @@ class ScoringStrategy(SelectionStrategy, Protocol):
         ...
 
 
-#: Whether each strategy class scores its bids: ``isinstance`` against a runtime-checkable
-#: protocol looks up its every member, about 8 us, and an auction asks a few times.
-_scoring: dict[type, bool] = {}
+#: The strategy classes that define both ``select`` and ``score_all`` themselves: their every
+#: instance scores its bids. ``isinstance`` against a runtime-checkable protocol looks up each
+#: member, about 8 us, and an auction asks a few times. Weakly, so that a class made per call
+#: (a factory's) does not stay for ever.
+_scoring_classes: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
 
 def is_scoring(strategy: SelectionStrategy) -> TypeGuard[ScoringStrategy]:
-    """Whether ``strategy`` is a ``ScoringStrategy`` (it scores every bid), known per class."""
+    """Whether ``strategy`` is a ``ScoringStrategy`` (it scores every bid). Known per class when
+    the class defines both methods; asked of the object itself otherwise (a module named by a
+    dotted path, a namespace, a wrapper passing attributes through: objects of one type that
+    may differ)."""
     kind = type(strategy)
-    scoring = _scoring.get(kind)
-    if scoring is None:
-        scoring = _scoring[kind] = isinstance(strategy, ScoringStrategy)
-    return scoring
+    known = _scoring_classes.get(kind)
+    if known is None:
+        known = _scoring_classes[kind] = (callable(getattr(kind, "select", None))
+                                          and callable(getattr(kind, "score_all", None)))
+    return known or isinstance(strategy, ScoringStrategy)
 
 
 def decides_at_once(strategy: SelectionStrategy) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 
 from bidding.auction.proxy import profile_of
 from bidding.nodes.registry import LiveNode
@@ -37,15 +38,18 @@ def test_a_live_nodes_profile_is_built_once_from_what_it_published() -> None:
 
 
 def test_the_tie_break_generator_is_shared_and_reseeded_in_a_forked_child() -> None:
-    # given two built-in strategies built without a generator of their own
-    assert WeightedScore().rng is WeightedScore().rng is tie_random()
+    # given built-in strategies built without a generator of their own: they break ties with
+    # the process's one (seeding a strategy's own does not reseed it)
+    assert WeightedScore().rng is None and tie_random() is tie_random()
     # when this process forks (as a prefork pool does) and parent and child draw
     read, write = os.pipe()
     pid = os.fork()
-    if pid == 0:  # the child: sends its first draws
-        os.close(read)
-        os.write(write, repr([tie_random().random() for _ in range(4)]).encode())
-        os._exit(0)
+    if pid == 0:  # the child: sends its first draws, and never returns into pytest
+        try:
+            os.close(read)
+            os.write(write, repr([tie_random().random() for _ in range(4)]).encode())
+        finally:
+            os._exit(0)
     os.close(write)
     child = os.read(read, 4096).decode()
     os.close(read)
@@ -55,13 +59,19 @@ def test_the_tie_break_generator_is_shared_and_reseeded_in_a_forked_child() -> N
     assert child and child != parent
 
 
-def test_whether_a_strategy_scores_is_known_per_class() -> None:
-    # given a scoring strategy, and one that only selects
+def test_whether_a_strategy_scores_is_known_per_class_and_asked_of_other_objects() -> None:
+    # given a scoring strategy, one that only selects, and two strategies of one type (modules,
+    # as a dotted path may name) of which only the first scores
     class SelectsOnly:
         def select(self, bids, announcement, capabilities):  # type: ignore[no-untyped-def]
             return bids[0] if bids else None
 
-    # when asked twice, then the answers are the protocol's
+    scored, plain = types.ModuleType("scored"), types.ModuleType("plain")
+    scored.select = plain.select = lambda bids, announcement, capabilities: None  # type: ignore[attr-defined]
+    scored.score_all = lambda bids, announcement, capabilities: []  # type: ignore[attr-defined]
+    # when asked twice, in that order, then each answer is the protocol's
     for _ in range(2):
         assert is_scoring(WeightedScore()) and decides_at_once(WeightedScore())
         assert not is_scoring(SelectsOnly()) and not decides_at_once(SelectsOnly())
+        assert is_scoring(scored)  # type: ignore[arg-type]
+        assert not is_scoring(plain) and not decides_at_once(plain)  # type: ignore[arg-type]
