@@ -85,11 +85,14 @@ def boot_id() -> str | None:
     return os.environ.get(BOOT_ENV)
 
 
-_WORKERS = cast(Table, Worker.__table__)
+#: The workers table, for statements in Core.
+WORKERS = cast(Table, Worker.__table__)
 # Core, not ORM: one statement per beat.
-_BEAT = (update(_WORKERS)
-         .where(_WORKERS.c.hostname == bindparam("w_host"),
-                _WORKERS.c.boot_id == bindparam("w_boot"))
+#: A worker's beat: its heartbeat time, status and running tasks, if its row is still this
+#: incarnation's (``beat_params`` fills it in).
+BEAT = (update(WORKERS)
+         .where(WORKERS.c.hostname == bindparam("w_host"),
+                WORKERS.c.boot_id == bindparam("w_boot"))
          .values(last_heartbeat=bindparam("w_now"), status=bindparam("w_status"),
                  running=bindparam("w_running")))
 
@@ -133,9 +136,21 @@ def beat_in(session: Session, me: Incarnation, *, now: float, status: str = "onl
             running: Sequence[str] = ()) -> bool:
     """``beat`` in a write ``session`` of the caller's (the node's periodic heartbeat writes
     the node's row and this one in one transaction)."""
-    moved = cast(CursorResult[Any], session.execute(_BEAT, {
-        "w_host": me.hostname, "w_boot": me.boot_id, "w_now": now,
-        "w_status": status, "w_running": list(running)})).rowcount
+    moved = cast(CursorResult[Any], session.execute(
+        BEAT, beat_params(me, now=now, status=status, running=running))).rowcount
+    return beat_counted(me, moved)
+
+
+def beat_params(me: Incarnation, *, now: float, status: str = "online",
+                running: Sequence[str] = ()) -> dict[str, Any]:
+    """The parameters of worker ``me``'s beat (``BEAT``)."""
+    return {"w_host": me.hostname, "w_boot": me.boot_id, "w_now": now, "w_status": status,
+            "w_running": list(running)}
+
+
+def beat_counted(me: Incarnation, moved: int) -> bool:
+    """Whether worker ``me``'s beat updated its row (``moved`` rows); if not, another
+    incarnation owns the row, and the log says so."""
     if moved != 1:
         logger.error("worker %s: its row in the store belongs to another incarnation: is a "
                      "second worker running under the same name? Give each worker of a node "
@@ -161,9 +176,9 @@ _STALE = (select(Worker.hostname, Worker.node, Worker.boot_id, Worker.started_at
                  or_(and_(Worker.status != STARTING,
                           Worker.last_heartbeat < bindparam("cutoff")),
                      Worker.last_heartbeat < bindparam("start_cutoff"))))
-_END = (update(_WORKERS)
-        .where(_WORKERS.c.hostname == bindparam("w_host"),
-               _WORKERS.c.boot_id == bindparam("w_boot"), _WORKERS.c.status != "ended")
+_END = (update(WORKERS)
+        .where(WORKERS.c.hostname == bindparam("w_host"),
+               WORKERS.c.boot_id == bindparam("w_boot"), WORKERS.c.status != "ended")
         .values(status="ended"))
 
 

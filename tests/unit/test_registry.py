@@ -123,3 +123,97 @@ def test_a_worker_still_starting_is_not_taken_for_dead_until_its_grace_runs_out(
     assert incarnation.end_stale(settings, cutoff=1000.0 + incarnation.START_GRACE) == []
     [late] = incarnation.end_stale(settings, cutoff=1001.0 + incarnation.START_GRACE)
     assert late.hostname == "redfin@b"
+
+
+def _beat_rows(settings, hostname: str) -> tuple[float, float, list[str]]:
+    """The node's heartbeat time, and the worker's heartbeat time and running tasks."""
+    from sqlalchemy import select
+
+    from bidding.store import read_session
+    from bidding.store.schema import Node, Worker
+
+    with read_session(settings.database_url) as session:
+        node = session.execute(select(Node).where(Node.name == PROFILE.name)).scalar_one()
+        worker = session.execute(select(Worker).where(Worker.hostname == hostname)).scalar_one()
+        return node.last_heartbeat, worker.last_heartbeat, list(worker.running or [])
+
+
+def test_the_periodic_beat_refreshes_the_node_and_its_worker_on_either_store(
+    settings, monkeypatch,
+) -> None:
+    from sqlalchemy import event
+
+    from bidding.nodes import incarnation
+    from bidding.store.engine import get_engine, is_sqlite
+    from tests.unit.conftest import psycopg_commands
+
+    # given a started node and its registered worker
+    heartbeat(settings, PROFILE, now=1000.0)
+    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
+                                 started_at=1000.0, slots=2)
+    incarnation.register(settings, me, now=1000.0)
+    statements: list[str] = []
+    event.listen(get_engine(settings.database_url), "before_cursor_execute",
+                 lambda *args: statements.append(args[2]))
+    sent = [] if is_sqlite(settings.database_url) else psycopg_commands(monkeypatch)
+
+    # when the periodic beat runs with the tasks the worker's pool runs
+    beat(settings, PROFILE, now=1100.0, me=me, running=["t-1"])
+    beat_statements = len(statements)
+
+    # then both rows are refreshed: the node live at 1100, the worker with its tasks
+    assert _beat_rows(settings, "redfin@a") == (1100.0, 1100.0, ["t-1"])
+    [node] = query_live_nodes(settings, now=1101.0)
+    assert node.last_heartbeat == 1100.0
+    if not is_sqlite(settings.database_url):
+        # and on PostgreSQL in one statement, with no transaction around it
+        assert beat_statements == 1
+        assert [name for name, _ in sent] == []
+
+
+def test_a_beat_whose_worker_row_another_incarnation_took_still_keeps_the_node_live(
+    settings, caplog,
+) -> None:
+    from bidding.nodes import incarnation
+
+    # given a node whose worker name was registered again by a second process (a new boot id)
+    heartbeat(settings, PROFILE, now=1000.0)
+    first = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
+                                    started_at=1000.0, slots=2)
+    second = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b2", pid=2,
+                                     started_at=1050.0, slots=2)
+    incarnation.register(settings, first, now=1000.0)
+    incarnation.register(settings, second, now=1050.0)
+
+    # when the first process beats
+    beat(settings, PROFILE, now=1100.0, me=first, running=["t-1"])
+
+    # then the node is live, the second process's row is left as it is, and the log says why
+    node_beat, worker_beat, running = _beat_rows(settings, "redfin@a")
+    assert node_beat == 1100.0
+    assert (worker_beat, running) != (1100.0, ["t-1"])
+    assert "belongs to another incarnation" in caplog.text
+
+
+def test_a_beat_after_the_node_row_is_gone_registers_it_again_on_either_store(settings) -> None:
+    from sqlalchemy import delete
+
+    from bidding.nodes import incarnation
+    from bidding.store import write_session
+    from bidding.store.schema import Node
+
+    # given a registered worker whose node's row was deleted (a store restored from a backup)
+    heartbeat(settings, PROFILE, now=1000.0)
+    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
+                                 started_at=1000.0, slots=2)
+    incarnation.register(settings, me, now=1000.0)
+    with write_session(settings.database_url) as session:
+        session.execute(delete(Node))
+
+    # when the periodic beat runs
+    beat(settings, PROFILE, now=1100.0, me=me)
+
+    # then the node is back, with its profile, and its worker refreshed
+    [node] = query_live_nodes(settings, now=1101.0)
+    assert (node.name, node.capacity, node.last_heartbeat) == ("redfin", 2, 1100.0)
+    assert _beat_rows(settings, "redfin@a")[1] == 1100.0
