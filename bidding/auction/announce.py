@@ -181,13 +181,11 @@ def _look(
     return live, candidates, waiting
 
 
+#: The tasks ``announce_due`` announces once their ``due_at`` comes.
+_WAITING_TO_ANNOUNCE = (AnnouncementRow.state.in_(sorted(states.DUE_STATES)), parking.UNPARKED)
 _DUE = (
     select(AnnouncementRow.spec, AnnouncementRow.due_at, *parking.SEEN_COLUMNS)
-    .where(
-        AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
-        AnnouncementRow.due_at <= bindparam("now"),
-        parking.UNPARKED,
-    )
+    .where(*_WAITING_TO_ANNOUNCE, AnnouncementRow.due_at <= bindparam("now"))
     # Most urgent first (tasks waiting for a capable node, or for one coming back, may all come
     # due at once: the first announced gets the free slot), then oldest; the task id makes
     # every pass take them in the same order (``lifecycle.parking`` relies on it).
@@ -196,22 +194,10 @@ _DUE = (
 )
 
 
-#: When the next task waiting (a scheduled start, a retry, a deferral) comes due.
-_NEXT_DUE = (
-    select(func.min(AnnouncementRow.due_at))
-    .where(AnnouncementRow.state.in_(sorted(states.DUE_STATES)),
-           AnnouncementRow.due_at > bindparam("now"), parking.UNPARKED)
-)
-
-
-def next_due(ctx: Context, now: float | None = None) -> float | None:
-    """When the next waiting task comes due (None: none waits): an idle sweeper sleeps until
-    then rather than a whole idle interval, so that a task scheduled a few seconds ahead starts
-    on time."""
-    now = clock.now() if now is None else now
-    with read_session(ctx.settings.database_url) as session:
-        found = session.execute(_NEXT_DUE, {"now": now}).scalar()
-    return None if found is None else float(found)
+#: When the first waiting task comes due, or came (None: none waits): what an idle sweeper
+#: reads instead of running ``announce_due`` (``auction.idle_look``).
+NEXT_DUE_AT = (select(func.min(AnnouncementRow.due_at)).where(*_WAITING_TO_ANNOUNCE)
+               .scalar_subquery())
 
 
 #: The same, for some tasks only (``alarm``: the retries one process scheduled).

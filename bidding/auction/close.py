@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, func, select
 
 from bidding import clock
 from bidding.auction.award import award_answers, route_award
@@ -125,16 +125,18 @@ def announce_again(settings: Settings, announcement: Announcement, candidates: i
     return moved
 
 
+#: The auctions the deadline closer watches: open ones (it closes those past ``closes_at``).
+_OPEN = (AnnouncementRow.state == states.BIDDING, parking.UNPARKED)
 _EXPIRED = (
     select(AnnouncementRow.task_id, AnnouncementRow.attempt, AnnouncementRow.scan_failures)
-    .where(
-        AnnouncementRow.state == states.BIDDING,
-        AnnouncementRow.closes_at <= bindparam("now"),
-        parking.UNPARKED,
-    )
+    .where(*_OPEN, AnnouncementRow.closes_at <= bindparam("now"))
     .order_by(AnnouncementRow.closes_at, AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
+
+#: When the next open auction's window ends (None: none is open): what an idle sweeper reads
+#: instead of running ``close_expired`` (``auction.idle_look``).
+NEXT_CLOSE = select(func.min(AnnouncementRow.closes_at)).where(*_OPEN).scalar_subquery()
 
 
 def close_expired(

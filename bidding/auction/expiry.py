@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from sqlalchemy import bindparam, or_, select
+from sqlalchemy import bindparam, func, or_, select
 
 from bidding import clock
 from bidding.context import Context
@@ -36,18 +36,25 @@ WAITING: Final[dict[str, str]] = {
     states.ASSIGNED: "awarded, not yet started by its node",
 }
 
+#: The tasks that may expire: those waiting to start (it ends those past a start-by time).
+_WAITING_ROWS = (AnnouncementRow.state.in_(sorted(WAITING)), parking.UNPARKED)
 _EXPIRED = (
     select(AnnouncementRow.spec, *parking.SEEN_COLUMNS)
     .where(
-        AnnouncementRow.state.in_(sorted(WAITING)),
+        *_WAITING_ROWS,
         # The deadline too: rows written before the start-by time was kept in expires_at.
         or_(AnnouncementRow.expires_at <= bindparam("now"),
             AnnouncementRow.deadline <= bindparam("now")),
-        parking.UNPARKED,
     )
     .order_by(AnnouncementRow.task_id)
     .limit(bindparam("limit"))
 )
+
+#: When the next waiting task's start-by time or deadline comes (None each: none): what an
+#: idle sweeper reads instead of running ``end_expired`` (``auction.idle_look``). Two
+#: minimums, not one of the least: SQLite's and PostgreSQL's least() differ on a NULL.
+NEXT_EXPIRIES = tuple(select(func.min(column)).where(*_WAITING_ROWS).scalar_subquery()
+                      for column in (AnnouncementRow.expires_at, AnnouncementRow.deadline))
 
 
 def expire(ctx: Context, announcement: Announcement, state: str, now: float | None = None,

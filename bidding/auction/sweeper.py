@@ -23,9 +23,11 @@ others read it when it could have lapsed (at most every half TTL) and take it ov
 the transitions are compare-and-sets.
 A phase that keeps finding nothing slows down to ``IDLE_INTERVAL``, or ``FALLBACK_IDLE_INTERVAL``
 for those that are a fallback only (an idle federation costs a few statements a second, however many
-nodes it has). On the holder each phase runs on a loop
-of its own, so one that blocks (a half-open connection until its timeout, a store waiting for
-a lock) cannot stop the others.
+nodes it has). Once idle, the four phases that look for rows whose time has come (0, 1, 2 and 4)
+stop reading the store on their own: one look a second (``idle_look``) reads when each next has
+work, and wakes the phase whose time has come, or times its next look for it. On the holder
+each phase runs on a loop of its own, so one that blocks (a half-open connection until its
+timeout, a store waiting for a lock) cannot stop the others.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from collections.abc import Callable
 from celery import Celery
 
 from bidding import clock
-from bidding.auction.announce import announce_due, next_due
+from bidding.auction import idle_look
+from bidding.auction.announce import announce_due
 from bidding.auction.close import close_expired
 from bidding.auction.expiry import end_expired
 from bidding.auction.watchdog import check_winners
@@ -128,11 +131,13 @@ class Sweeper:
         self.leading = False
         #: Until when the lease this node last saw runs (None: not seen, or nobody's).
         self.lease_until: float | None = None
-        #: When the next waiting task comes due, as the last idle pass of ``announce_due`` read
-        #: (None: none waits, or that phase is busy).
-        self.next_due: float | None = None
+        #: When the next idle phase has work, as the last look read (None: none has, as far as
+        #: it could tell).
+        self.next_at: float | None = None
         #: Passes in a row that found nothing, by phase.
         self.empty: dict[str, int] = {name: 0 for name in PHASES}
+        #: The idle phases the look found work for, each until its loop has run it.
+        self.wanted: set[str] = set()
         self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
                                     self.hold_lease, jitter=LEASE_JITTER)
         #: The phases (and plug-in loops) that idle at ``FALLBACK_IDLE_INTERVAL``.
@@ -141,6 +146,10 @@ class Sweeper:
         self.sweeping = [Periodic(f"bidding-sweeper-{name}", functools.partial(self.interval, name),
                                   functools.partial(self.run, name), jitter=PHASE_JITTER)
                          for name in PHASES]
+        self._phase_loops = dict(zip(PHASES, self.sweeping, strict=True))
+        #: The idle phases' look (``idle_look``), one statement instead of one per phase.
+        self.sweeping.append(Periodic("bidding-sweeper-idle", self.look_interval,
+                                      self.look_for_work, jitter=PHASE_JITTER))
         #: The loops every node runs (its own work: a plug-in's writer, its retention look).
         self.own: list[Periodic] = []
         for plugin in plugins_of(Context(settings, app)):
@@ -183,17 +192,45 @@ class Sweeper:
         return max(wait, 0.0) / (1 - LEASE_JITTER) + 0.05
 
     def interval(self, phase: str) -> float:
-        """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles; an
-        idle ``announce_due`` wakes for the next waiting task's due time if that comes sooner
-        (early rather than late despite its jitter: an early pass finds nothing and sleeps
-        the rest)."""
-        pause = idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
-                              FALLBACK_IDLE_INTERVAL if phase in self.fallbacks
-                              else IDLE_INTERVAL)
-        if phase == "announce_due" and self.next_due is not None:
-            until = (self.next_due - clock.now()) / (1 + PHASE_JITTER)
+        """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
+        return idle_interval(self.settings.sweep_interval, self.empty.get(phase, 0),
+                             FALLBACK_IDLE_INTERVAL if phase in self.fallbacks
+                             else IDLE_INTERVAL)
+
+    def idle(self, phase: str) -> bool:
+        """Whether ``phase`` has found nothing for long enough to idle."""
+        return self.empty.get(phase, 0) >= IDLE_PASSES
+
+    def look_interval(self) -> float:
+        """Seconds until the idle phases' next look: the idle interval, or sooner when the last
+        look saw an idle phase's work come before that (early rather than late despite the
+        loop's jitter: an early look finds nothing due and sleeps the rest)."""
+        pause = max(self.settings.sweep_interval, IDLE_INTERVAL)
+        if self.next_at is not None:
+            until = (self.next_at - clock.now()) / (1 + PHASE_JITTER)
             pause = min(pause, max(until, self.settings.sweep_interval / 4))
         return pause
+
+    def look_for_work(self) -> None:
+        """The idle phases' look: read when each next has work (one statement), wake those whose
+        time has come, and remember when the next one's comes. A look that fails wakes every
+        idle phase, which then reads the store as it would alone."""
+        idle = tuple(name for name in idle_look.LOOKED if self.idle(name))
+        if not self.leading or not idle:
+            self.next_at = None
+            return
+        try:
+            with quiet_turn():
+                seen: idle_look.Look | None = idle_look.look(Context(self.settings, self.app))
+        except Exception as exc:
+            logger.debug("the idle sweeper's look failed: %s", exc)
+            seen = None
+        now = clock.now()
+        due = idle if seen is None else [name for name in seen.due(now) if name in idle]
+        for name in due:
+            self.wanted.add(name)
+            self._phase_loops[name].wake()
+        self.next_at = None if seen is None else seen.next_at(now, among=idle)
 
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
@@ -237,24 +274,18 @@ class Sweeper:
         self._pass(phase, lambda: globals()[phase](Context(self.settings, self.app)))
 
     def _pass(self, name: str, run: Callable[[], object]) -> None:
-        """One pass of a sweeping loop while this node sweeps, counting the empty ones."""
+        """One pass of a sweeping loop while this node sweeps, counting the empty ones. An idle
+        phase that the look watches runs only when the look found it work (``wanted``)."""
         if not self.leading:
             return
-        # An idle pass (and its look at the next due time): on the process's turn, so that
-        # the idle loops share a connection.
-        with quiet_turn(idle=self.empty.get(name, 0) >= IDLE_PASSES):
+        idle = self.idle(name)
+        if idle and name in idle_look.LOOKED and name not in self.wanted:
+            self.empty[name] += 1
+            return
+        self.wanted.discard(name)  # before the run: work the look finds meanwhile wakes it again
+        # An idle pass: on the process's turn, so that the idle loops share a connection.
+        with quiet_turn(idle=idle):
             self.empty[name] = 0 if found_work(run()) else self.empty.get(name, 0) + 1
-            if name == "announce_due":
-                self.next_due = self._next_due() if self.empty[name] >= IDLE_PASSES else None
-
-    def _next_due(self) -> float | None:
-        """The next waiting task's due time, read once per idle pass (None when it cannot be
-        read: the idle pace then holds)."""
-        try:
-            return next_due(Context(self.settings, self.app))
-        except Exception as exc:
-            logger.debug("reading the next due time failed: %s", exc)
-            return None
 
     def start(self) -> None:
         """Look at the lease once now (a federation's first node sweeps from its start, not

@@ -17,7 +17,7 @@ import logging
 from typing import Any, cast
 
 from celery import Celery, states
-from sqlalchemy import CursorResult, bindparam, select, update
+from sqlalchemy import CursorResult, bindparam, func, select, update
 
 from bidding import clock
 from bidding.config import Settings
@@ -55,6 +55,9 @@ _DUE = (select(AnnouncementRow.task_id, AnnouncementRow.state, AnnouncementRow.r
         .where(AnnouncementRow.report_due <= bindparam("now"))
         .order_by(AnnouncementRow.report_due)
         .limit(bindparam("limit")))
+#: When the next outcome is due for the result backend (None: none): what an idle sweeper
+#: reads instead of running ``report_results`` (``auction.idle_look``).
+NEXT_REPORT = select(func.min(AnnouncementRow.report_due)).scalar_subquery()
 _LEASE = (update(AnnouncementRow)
           .where(AnnouncementRow.task_id == bindparam("r_task"),
                  AnnouncementRow.report_due <= bindparam("r_now"))

@@ -64,6 +64,8 @@ class Periodic:
         self.fn = fn
         self.jitter = jitter
         self._stop = threading.Event()
+        #: Set to end the current wait early: by ``wake`` (run now) or ``stop``.
+        self._bell = threading.Event()
         self._thread: threading.Thread | None = None
         # Its own generator: a background thread drawing from the module's shared one would
         # move the random state of whatever the process runs meanwhile (a seeded simulation,
@@ -82,9 +84,9 @@ class Periodic:
         """Start the loop (no-op when already running)."""
         if self.running:
             return
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(self._stop,), name=self.name,
-                                        daemon=True)
+        self._stop, self._bell = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(self._stop, self._bell),
+                                        name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self, timeout: float | None = None,
@@ -93,16 +95,26 @@ class Periodic:
         loop is told to stop) returns a call that blocks on something else than the loop's
         own wait (a blocking pop)."""
         self._stop.set()
+        self._bell.set()
         if wake is not None and self.running:
             wake()
         if self._thread is not None:
             self._thread.join(timeout=self._interval() + 5 if timeout is None else timeout)
             self._thread = None
 
-    def _run(self, stop: threading.Event) -> None:
+    def wake(self) -> None:
+        """Call ``fn`` now rather than at the end of the current wait (then wait as usual); a
+        wake during a call runs ``fn`` once more right after it."""
+        self._bell.set()
+
+    def _run(self, stop: threading.Event, bell: threading.Event) -> None:
         failures = 0
-        while not stop.wait(pause_after(self._interval() * (
-                1 + self._random.uniform(-self.jitter, self.jitter)), failures)):
+        while True:
+            bell.wait(pause_after(self._interval() * (
+                1 + self._random.uniform(-self.jitter, self.jitter)), failures))
+            if stop.is_set():
+                return
+            bell.clear()
             try:
                 self.fn()
             except Exception as exc:

@@ -156,34 +156,156 @@ def test_a_standby_looks_again_when_the_lease_could_lapse_and_at_least_every_hal
     assert node.lease_interval() < 0.1
 
 
-def test_an_idle_sweeper_wakes_for_the_next_scheduled_task_rather_than_a_whole_pause(
-    settings: Settings, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    import uuid
-
-    from bidding.auction import announce
-    from bidding.context import Context
-    from bidding.lifecycle import states
-    from bidding.models import Announcement
-    from tests.stored import add_announcement
-
-    # given an idle sweeper (its announcing phase found nothing for a while: 1 s apart)
+def _idle_sweeper(settings: Settings) -> sweeper.Sweeper:
+    """A sweeper that holds the lease and whose phases found nothing for a while."""
     node = sweeper.Sweeper(settings, Celery("t", broker="memory://", set_as_current=False))
     node.leading = True
     node.empty = dict.fromkeys(node.empty, 50)
-    assert node.interval("announce_due") == 1.0
-    # when a task is scheduled to start in 0.6 s and a pass reads when it comes due
-    now = clock.now()
+    return node
+
+
+def _stored(settings: Settings, state: str, **columns: Any) -> str:
+    import uuid
+
+    from bidding.models import Announcement
+    from tests.stored import add_announcement
+
+    task_id = str(uuid.uuid4())
     add_announcement(settings.database_url,
-                     Announcement(task_id=str(uuid.uuid4()), task_name="t.later",
-                                  task_type="later", announced_at=now),
-                     states.DEFERRED, [], due_at=now + 0.6)
-    assert announce.next_due(Context(settings, node.app), now) == pytest.approx(now + 0.6)
-    node._pass("announce_due", lambda: 0)
-    # then the next pass comes no later than its due time, even with the loop's jitter (the
-    # wait reckoned at the pass's time: a loaded machine's delay since is not the sweeper's)
+                     Announcement(task_id=task_id, task_name="t.later", task_type="later",
+                                  announced_at=clock.now()), state, [], **columns)
+    return task_id
+
+
+def test_an_idle_sweeper_wakes_for_the_next_scheduled_task_rather_than_a_whole_pause(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding.lifecycle import states
+
+    # given an idle sweeper (its phases found nothing for a while: it looks once a second)
+    node = _idle_sweeper(settings)
+    woken: list[str] = []
+    for name, loop in node._phase_loops.items():
+        monkeypatch.setattr(loop, "wake", lambda name=name: woken.append(name))
+    node.look_for_work()
+    assert node.look_interval() == 1.0
+    # when a task is scheduled to start in 0.6 s and the next look reads it
+    now = clock.now()
+    _stored(settings, states.DEFERRED, due_at=now + 0.6)
     monkeypatch.setattr(sweeper.clock, "now", lambda: now)
-    wait = node.interval("announce_due")
+    node.look_for_work()
+    # then nothing is woken yet, and the next look comes no later than its due time, even with
+    # the loop's jitter (the wait reckoned at the look's time: a loaded machine's delay since
+    # is not the sweeper's)
+    assert woken == []
+    wait = node.look_interval()
     assert 0.3 < wait * (1 + sweeper.PHASE_JITTER) <= 0.6
-    # and the other phases keep their idle pace
+    # and once it has come, the look wakes the announcing phase alone
+    monkeypatch.setattr(sweeper.clock, "now", lambda: now + 0.61)
+    node.look_for_work()
+    assert woken == ["announce_due"] and node.wanted == {"announce_due"}
+    # and the phases keep their idle pace meanwhile
     assert node.interval("close_expired") == 1.0
+
+
+def test_an_idle_sweeper_reads_the_store_once_per_look_not_once_per_phase(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqlalchemy import event
+
+    from bidding.auction import idle_look
+    from bidding.store.engine import get_engine
+
+    # given an idle sweeper on an idle store, its phases counted when they run
+    node = _idle_sweeper(settings)
+    ran: list[str] = []
+    for name in sweeper.PHASES:
+        monkeypatch.setattr(sweeper, name, lambda ctx, name=name: ran.append(name) or 0)
+    statements: list[str] = []
+    event.listen(get_engine(settings.database_url), "before_cursor_execute",
+                 lambda *args: args[2] != "BEGIN" and statements.append(args[2]))
+    # when each looked-at phase's loop wakes, and the look runs
+    for name in idle_look.LOOKED:
+        node.run(name)
+    node.look_for_work()
+    # then none of them ran: one statement read that none has work
+    assert ran == []
+    assert len(statements) == 1, statements
+    # and once the look found work for one, its loop runs it
+    node.wanted.add("close_expired")
+    node.run("close_expired")
+    assert ran == ["close_expired"] and not node.wanted
+    # and the watchdog still runs on its own (a lost winner has no time in its row)
+    node.run("check_winners")
+    assert ran == ["close_expired", "check_winners"]
+
+
+def test_the_look_sees_work_exactly_where_each_phase_would_find_it(settings: Settings) -> None:
+    from bidding.auction import idle_look
+    from bidding.auction.announce import _DUE
+    from bidding.auction.close import _EXPIRED as PAST_WINDOW
+    from bidding.auction.expiry import _EXPIRED as PAST_START_BY
+    from bidding.context import Context
+    from bidding.execution.report import _DUE as REPORT_DUE
+    from bidding.lifecycle import states
+    from bidding.store import read_session
+
+    ctx = Context(settings, Celery("t", broker="memory://", set_as_current=False))
+    own = {"end_expired": PAST_START_BY, "close_expired": PAST_WINDOW, "announce_due": _DUE,
+           "report_results": REPORT_DUE}
+    now = clock.now()
+
+    def found_by_phases(at: float) -> set[str]:
+        with read_session(settings.database_url) as session:
+            return {name for name, stmt in own.items()
+                    if session.execute(stmt, {"now": at, "limit": 5}).first() is not None}
+
+    # given a store with, each at its own time: an open auction whose window ends at +10, a
+    # deferred task due at +20, a scheduled task whose start-by time is +30 and an awarded one
+    # whose deadline is +40, a finished task whose outcome is due for the backend at +50; and
+    # rows no phase looks at (a finished task, a parked open auction, an executing task, all
+    # past their times)
+    _stored(settings, states.BIDDING, closes_at=now + 10)
+    _stored(settings, states.DEFERRED, due_at=now + 20)
+    _stored(settings, states.PENDING, due_at=now + 99, expires_at=now + 30)
+    _stored(settings, states.ASSIGNED, deadline=now + 40)
+    _stored(settings, states.SUCCESS, report_due=now + 50)
+    _stored(settings, states.SUCCESS, closes_at=now - 5, due_at=now - 5, expires_at=now - 5)
+    _stored(settings, states.BIDDING, closes_at=now - 5, parked="deadline closer")
+    _stored(settings, states.EXECUTING, closes_at=now - 5, due_at=now - 5, expires_at=now - 5)
+
+    # when the look reads it
+    seen = idle_look.look(ctx)
+
+    # then at every moment it names the phases that would find work, and no other
+    for at in (now, now + 10, now + 15, now + 20, now + 30, now + 35, now + 40, now + 50):
+        assert set(seen.due(at)) == found_by_phases(at), at - now
+    # and it knows when the next one comes
+    assert seen.next_at(now) == pytest.approx(now + 10)
+    assert seen.next_at(now + 45) == pytest.approx(now + 50)
+    assert seen.next_at(now + 60) is None
+    assert seen.next_at(now, among=("report_results",)) == pytest.approx(now + 50)
+
+
+def test_a_look_that_fails_wakes_every_idle_phase(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding.auction import idle_look
+
+    # given an idle sweeper whose look fails (a statement this store refuses, say), one of
+    # its phases busy (its own loop runs it anyway)
+    node = _idle_sweeper(settings)
+    node.empty["close_expired"] = 0
+    woken: list[str] = []
+    for name, loop in node._phase_loops.items():
+        monkeypatch.setattr(loop, "wake", lambda name=name: woken.append(name))
+
+    def broken(ctx: object) -> None:
+        raise RuntimeError("no such function: min")
+
+    monkeypatch.setattr(idle_look, "look", broken)
+    # when it looks
+    node.look_for_work()
+    # then every idle looked-at phase is woken, to read the store as it would alone
+    assert sorted(woken) == ["announce_due", "end_expired", "report_results"]
+    assert node.next_at is None

@@ -65,3 +65,28 @@ def test_a_loop_idle_for_hours_keeps_its_longest_pause_and_runs_on() -> None:
     assert idle_pass_interval(30.0, 1, 10_000) == 7.5
     # and a slower configured loop stays as slow
     assert idle_interval(5.0, 10_000) == 5.0
+
+
+def test_a_woken_loop_runs_at_once_and_then_keeps_its_pace() -> None:
+    import time
+
+    # given a loop that runs once a minute, its calls counted
+    calls: list[float] = []
+    called = threading.Event()
+    loop = Periodic("woken", 60.0, lambda: (calls.append(time.monotonic()), called.set()))
+    loop.start()
+    try:
+        # when it is woken
+        started = time.monotonic()
+        loop.wake()
+        # then it runs now, not a minute later, and once
+        assert called.wait(5)
+        assert calls[0] - started < 5
+        time.sleep(0.2)
+        assert len(calls) == 1
+    finally:
+        # and it stops at once, in the middle of its minute's wait
+        stopping = time.monotonic()
+        loop.stop()
+        assert time.monotonic() - stopping < 5
+    assert not loop.running
