@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Final
 
-from sqlalchemy import bindparam, func, or_, select
+from sqlalchemy import bindparam, case, func, or_, select
 
 from bidding import clock
 from bidding.context import Context
@@ -50,11 +50,14 @@ _EXPIRED = (
     .limit(bindparam("limit"))
 )
 
-#: When the next waiting task's start-by time or deadline comes (None each: none): what an
-#: idle sweeper reads instead of running ``end_expired`` (``auction.idle_look``). Two
-#: minimums, not one of the least: SQLite's and PostgreSQL's least() differ on a NULL.
-NEXT_EXPIRIES = tuple(select(func.min(column)).where(*_WAITING_ROWS).scalar_subquery()
-                      for column in (AnnouncementRow.expires_at, AnnouncementRow.deadline))
+#: The sooner of a row's start-by time and deadline, either of which may be NULL (a CASE:
+#: SQLite's and PostgreSQL's least() differ on a NULL).
+_SOONER = case((or_(AnnouncementRow.expires_at.is_(None),
+                    AnnouncementRow.deadline < AnnouncementRow.expires_at),
+                AnnouncementRow.deadline), else_=AnnouncementRow.expires_at)
+#: When the next waiting task's start-by time or deadline comes (None: none): what an idle
+#: sweeper reads instead of running ``end_expired`` (``auction.idle_look``).
+NEXT_EXPIRY = select(func.min(_SOONER)).where(*_WAITING_ROWS).scalar_subquery()
 
 
 def expire(ctx: Context, announcement: Announcement, state: str, now: float | None = None,

@@ -12,9 +12,12 @@ for the earliest one still ahead, so that a task scheduled to start in half a se
 auction whose window ends, is handled on time rather than at the next whole idle pause.
 
 Each phase's earliest time is built from the same conditions as its own query (the phase
-module's ``NEXT_*``), so the two cannot disagree on which rows they mean. The watchdog
-(``watchdog.check_winners``) is not among them: a lost winner is found by who stopped
-heartbeating, not by a time in its row.
+module's ``NEXT_*``), so the two cannot disagree on which rows they mean. A row whose time has
+come and that stays (its phase fails on it, until it is parked) keeps its phase's earliest time
+in the past: the phase is then woken at every look, and a later row of the same phase is
+handled within a look of its time rather than on it. The watchdog (``watchdog.check_winners``)
+is not among them: a lost winner is found by who stopped heartbeating, not by a time in its
+row.
 """
 
 from __future__ import annotations
@@ -27,25 +30,23 @@ from sqlalchemy import ScalarSelect, select
 
 from bidding.auction.announce import NEXT_DUE_AT
 from bidding.auction.close import NEXT_CLOSE
-from bidding.auction.expiry import NEXT_EXPIRIES
+from bidding.auction.expiry import NEXT_EXPIRY
 from bidding.context import Context
 from bidding.execution.report import NEXT_REPORT
 from bidding.store import read_session
 
-#: Each looked-at phase (by its name in ``sweeper.PHASES``) and the times that say when it next
-#: has work: the earliest of them.
-EARLIEST: Mapping[str, tuple[ScalarSelect[Any], ...]] = {
-    "end_expired": NEXT_EXPIRIES,
-    "close_expired": (NEXT_CLOSE,),
-    "announce_due": (NEXT_DUE_AT,),
-    "report_results": (NEXT_REPORT,),
+#: Each looked-at phase (by its name in ``sweeper.PHASES``) and when it next has work.
+EARLIEST: Mapping[str, ScalarSelect[Any]] = {
+    "end_expired": NEXT_EXPIRY,
+    "close_expired": NEXT_CLOSE,
+    "announce_due": NEXT_DUE_AT,
+    "report_results": NEXT_REPORT,
 }
 #: The phases an idle sweeper looks at together.
 LOOKED = tuple(EARLIEST)
 
-#: One statement: every phase's earliest times, one column each, in ``EARLIEST``'s order.
-LOOK = select(*(expression.label(f"{name}_{n}") for name, expressions in EARLIEST.items()
-                for n, expression in enumerate(expressions)))
+#: One statement: every phase's earliest time, one column each, in ``EARLIEST``'s order.
+LOOK = select(*(expression.label(name) for name, expression in EARLIEST.items()))
 
 
 @dataclass(frozen=True)
@@ -65,18 +66,9 @@ class Look:
         return min(ahead, default=None)
 
 
-def earliest_of(row: tuple[Any, ...]) -> Look:
-    """The ``Look`` of one row of ``LOOK``: each phase's earliest of its columns."""
-    values = iter(row)
-    earliest: dict[str, float | None] = {}
-    for name, expressions in EARLIEST.items():
-        times = [float(at) for at in (next(values) for _ in expressions) if at is not None]
-        earliest[name] = min(times, default=None)
-    return Look(earliest)
-
-
 def look(ctx: Context) -> Look:
     """Read when each looked-at phase next has work, in one statement."""
     with read_session(ctx.settings.database_url) as session:
         row = session.execute(LOOK).one()
-    return earliest_of(tuple(row))
+    return Look({name: None if at is None else float(at)
+                 for name, at in zip(LOOKED, row, strict=True)})

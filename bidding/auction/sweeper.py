@@ -36,6 +36,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable
 
 from celery import Celery
@@ -71,7 +72,8 @@ IDLE_INTERVAL = 1.0
 #: phases whose timing a caller sees keep ``IDLE_INTERVAL``: a task scheduled to start
 #: (announce_due), an auction whose candidates stay silent (close_expired), a task's expiry
 #: (end_expired), a winner that does not start the task within its schedule-to-start timeout
-#: (check_winners).
+#: (check_winners). (The idle look watches report_results once a second, like the others: its
+#: slower pace is then that of its own passes, which read the store only without a look.)
 FALLBACK_IDLE_INTERVAL = 3.0
 #: The sweep's phases that idle at ``FALLBACK_IDLE_INTERVAL`` (the others at
 #: ``IDLE_INTERVAL``); a plug-in's loop does when it says it is ``fallback_only``.
@@ -80,6 +82,10 @@ FALLBACK_PHASES = frozenset({"report_results"})
 LEASE_JITTER = 0.1
 #: The sweeping loops' jitter: a pass timed for a due task may come this much late.
 PHASE_JITTER = 0.25
+#: Seconds since the idle look last finished after which the idle phases it watches read the
+#: store on their own again: a look stuck on a half-open connection (until the kernel gives up
+#: on it, minutes) must not stop them all, as one stuck phase never stops the others.
+LOOK_PATIENCE = 3 * IDLE_INTERVAL
 
 
 def sweep(ctx: Context) -> int:
@@ -138,6 +144,10 @@ class Sweeper:
         self.empty: dict[str, int] = {name: 0 for name in PHASES}
         #: The idle phases the look found work for, each until its loop has run it.
         self.wanted: set[str] = set()
+        #: When (``time.monotonic``) the idle look last finished, or the sweeping began.
+        self.looked_at = time.monotonic()
+        #: Whether the last idle look failed (its first failure is logged as a warning).
+        self.look_failed = False
         self._lease_loop = Periodic("bidding-sweeper-lease", self.lease_interval,
                                     self.hold_lease, jitter=LEASE_JITTER)
         #: The phases (and plug-in loops) that idle at ``FALLBACK_IDLE_INTERVAL``.
@@ -217,20 +227,29 @@ class Sweeper:
         idle phase, which then reads the store as it would alone."""
         idle = tuple(name for name in idle_look.LOOKED if self.idle(name))
         if not self.leading or not idle:
-            self.next_at = None
+            self.next_at, self.looked_at = None, time.monotonic()
             return
         try:
             with quiet_turn():
                 seen: idle_look.Look | None = idle_look.look(Context(self.settings, self.app))
         except Exception as exc:
-            logger.debug("the idle sweeper's look failed: %s", exc)
+            (logger.debug if self.look_failed else logger.warning)(
+                "the idle sweeper's look failed (%s): its phases read the store on their own "
+                "meanwhile", exc)
             seen = None
+        else:
+            if self.look_failed:
+                logger.info("the idle sweeper's look works again")
+        self.look_failed = seen is None
         now = clock.now()
         due = idle if seen is None else [name for name in seen.due(now) if name in idle]
         for name in due:
             self.wanted.add(name)
-            self._phase_loops[name].wake()
+            loop = self._phase_loops[name]
+            if not loop.failures:  # one backing off after failures runs at its backoff's pace
+                loop.wake()
         self.next_at = None if seen is None else seen.next_at(now, among=idle)
+        self.looked_at = time.monotonic()
 
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
@@ -262,6 +281,7 @@ class Sweeper:
             return
         if held:
             self.empty = dict.fromkeys(self.empty, 0)
+            self.looked_at = time.monotonic()
             for loop in self.sweeping:
                 loop.start()
         else:
@@ -275,11 +295,13 @@ class Sweeper:
 
     def _pass(self, name: str, run: Callable[[], object]) -> None:
         """One pass of a sweeping loop while this node sweeps, counting the empty ones. An idle
-        phase that the look watches runs only when the look found it work (``wanted``)."""
+        phase that the look watches runs only when the look found it work (``wanted``), or
+        when no look has finished for ``LOOK_PATIENCE`` seconds."""
         if not self.leading:
             return
         idle = self.idle(name)
-        if idle and name in idle_look.LOOKED and name not in self.wanted:
+        if (idle and name in idle_look.LOOKED and name not in self.wanted
+                and time.monotonic() - self.looked_at < LOOK_PATIENCE):
             self.empty[name] += 1
             return
         self.wanted.discard(name)  # before the run: work the look finds meanwhile wakes it again

@@ -66,6 +66,8 @@ class Periodic:
         self._stop = threading.Event()
         #: Set to end the current wait early: by ``wake`` (run now) or ``stop``.
         self._bell = threading.Event()
+        #: Calls that failed in a row (the loop backs off while it is above 0).
+        self.failures = 0
         self._thread: threading.Thread | None = None
         # Its own generator: a background thread drawing from the module's shared one would
         # move the random state of whatever the process runs meanwhile (a seeded simulation,
@@ -104,30 +106,34 @@ class Periodic:
 
     def wake(self) -> None:
         """Call ``fn`` now rather than at the end of the current wait (then wait as usual); a
-        wake during a call runs ``fn`` once more right after it."""
+        wake during a call runs ``fn`` once more right after it. A loop backing off after
+        failures is better left to its backoff (``failures``)."""
         self._bell.set()
 
     def _run(self, stop: threading.Event, bell: threading.Event) -> None:
-        failures = 0
+        self.failures = 0
         while True:
             bell.wait(pause_after(self._interval() * (
-                1 + self._random.uniform(-self.jitter, self.jitter)), failures))
+                1 + self._random.uniform(-self.jitter, self.jitter)), self.failures))
+            # Cleared before stop is read: a stop that rings meanwhile is seen now, and a wake
+            # is still honoured by the call below.
+            bell.clear()
             if stop.is_set():
                 return
-            bell.clear()
             try:
                 self.fn()
             except Exception as exc:
-                failures += 1
-                if failures == 1:
+                self.failures += 1
+                if self.failures == 1:
                     logger.exception("%s failed; trying again with backoff", self.name)
-                elif failures % REPEAT_EVERY == 0:
+                elif self.failures % REPEAT_EVERY == 0:
                     logger.warning("%s still failing (%d times in a row): %s", self.name,
-                                   failures, _one_line(exc))
+                                   self.failures, _one_line(exc))
             else:
-                if failures:
-                    logger.warning("%s works again, after %d failure(s)", self.name, failures)
-                failures = 0
+                if self.failures:
+                    logger.warning("%s works again, after %d failure(s)", self.name,
+                                   self.failures)
+                self.failures = 0
 
 
 def _one_line(exc: BaseException) -> str:

@@ -309,3 +309,43 @@ def test_a_look_that_fails_wakes_every_idle_phase(
     # then every idle looked-at phase is woken, to read the store as it would alone
     assert sorted(woken) == ["announce_due", "end_expired", "report_results"]
     assert node.next_at is None
+
+
+def test_a_stuck_look_does_not_stop_the_phases_it_watches(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import time
+
+    # given an idle sweeper whose look last finished just now
+    node = _idle_sweeper(settings)
+    ran: list[str] = []
+    monkeypatch.setattr(sweeper, "close_expired", lambda ctx: ran.append("close_expired") or 0)
+    node.looked_at = time.monotonic()
+    # then an idle pass of a watched phase leaves the store to the look
+    node.run("close_expired")
+    assert ran == []
+    # when the look has not finished for longer than its patience (stuck on a half-open
+    # connection, say)
+    node.looked_at = time.monotonic() - sweeper.LOOK_PATIENCE - 0.1
+    node.run("close_expired")
+    # then the phase reads the store on its own again
+    assert ran == ["close_expired"]
+
+
+def test_a_phase_backing_off_after_failures_is_not_woken_by_the_look(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding.lifecycle import states
+
+    # given an idle sweeper whose deadline closer keeps failing (the bid board unreachable),
+    # and an auction past its window
+    node = _idle_sweeper(settings)
+    node._phase_loops["close_expired"].failures = 3
+    woken: list[str] = []
+    for name, loop in node._phase_loops.items():
+        monkeypatch.setattr(loop, "wake", lambda name=name: woken.append(name))
+    _stored(settings, states.BIDDING, closes_at=clock.now() - 1)
+    # when the look sees it
+    node.look_for_work()
+    # then the phase will run it at its backoff's pace, not every second
+    assert woken == [] and node.wanted == {"close_expired"}

@@ -217,3 +217,20 @@ def test_a_beat_after_the_node_row_is_gone_registers_it_again_on_either_store(se
     [node] = query_live_nodes(settings, now=1101.0)
     assert (node.name, node.capacity, node.last_heartbeat) == ("redfin", 2, 1100.0)
     assert _beat_rows(settings, "redfin@a")[1] == 1100.0
+
+
+def test_the_one_statement_beat_sets_only_the_columns_it_means() -> None:
+    from sqlalchemy.dialects import postgresql
+
+    from bidding.nodes import heartbeat as module
+
+    # given the one-statement beat compiled with every parameter it is given
+    keys = ["n_name", "n_now", "w_host", "w_boot", "w_now", "w_status", "w_running"]
+    sql = str(module._BEAT_ALONE.compile(dialect=postgresql.dialect(), column_keys=keys))
+    # then each UPDATE sets its own columns and no other (a parameter named like a column of
+    # either table would add it to that table's SET)
+    node_set = sql.split("UPDATE bidding_nodes SET ")[1].split(" WHERE")[0]
+    worker_set = sql.split("UPDATE bidding_workers SET ")[1].split(" WHERE")[0]
+    assert [c.split("=")[0] for c in node_set.split(", ")] == ["status", "last_heartbeat"]
+    assert sorted(c.split("=")[0] for c in worker_set.split(", ")) == [
+        "last_heartbeat", "running", "status"]
