@@ -138,20 +138,27 @@ def _beat_rows(settings, hostname: str) -> tuple[float, float, list[str]]:
         return node.last_heartbeat, worker.last_heartbeat, list(worker.running or [])
 
 
+def _registered_worker(settings, boot_id: str = "b1", at: float = 1000.0):
+    """Worker ``redfin@a`` of the node, registered at ``at`` under ``boot_id``."""
+    from bidding.nodes import incarnation
+
+    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id=boot_id, pid=1,
+                                 started_at=at, slots=2)
+    incarnation.register(settings, me, now=at)
+    return me
+
+
 def test_the_periodic_beat_refreshes_the_node_and_its_worker_on_either_store(
     settings, monkeypatch,
 ) -> None:
     from sqlalchemy import event
 
-    from bidding.nodes import incarnation
     from bidding.store.engine import get_engine, is_sqlite
     from tests.unit.conftest import psycopg_commands
 
     # given a started node and its registered worker
     heartbeat(settings, PROFILE, now=1000.0)
-    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
-                                 started_at=1000.0, slots=2)
-    incarnation.register(settings, me, now=1000.0)
+    me = _registered_worker(settings)
     statements: list[str] = []
     event.listen(get_engine(settings.database_url), "before_cursor_execute",
                  lambda *args: statements.append(args[2]))
@@ -174,16 +181,10 @@ def test_the_periodic_beat_refreshes_the_node_and_its_worker_on_either_store(
 def test_a_beat_whose_worker_row_another_incarnation_took_still_keeps_the_node_live(
     settings, caplog,
 ) -> None:
-    from bidding.nodes import incarnation
-
     # given a node whose worker name was registered again by a second process (a new boot id)
     heartbeat(settings, PROFILE, now=1000.0)
-    first = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
-                                    started_at=1000.0, slots=2)
-    second = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b2", pid=2,
-                                     started_at=1050.0, slots=2)
-    incarnation.register(settings, first, now=1000.0)
-    incarnation.register(settings, second, now=1050.0)
+    first = _registered_worker(settings)
+    _registered_worker(settings, boot_id="b2", at=1050.0)
 
     # when the first process beats
     beat(settings, PROFILE, now=1100.0, me=first, running=["t-1"])
@@ -198,15 +199,12 @@ def test_a_beat_whose_worker_row_another_incarnation_took_still_keeps_the_node_l
 def test_a_beat_after_the_node_row_is_gone_registers_it_again_on_either_store(settings) -> None:
     from sqlalchemy import delete
 
-    from bidding.nodes import incarnation
     from bidding.store import write_session
     from bidding.store.schema import Node
 
     # given a registered worker whose node's row was deleted (a store restored from a backup)
     heartbeat(settings, PROFILE, now=1000.0)
-    me = incarnation.Incarnation(hostname="redfin@a", node="redfin", boot_id="b1", pid=1,
-                                 started_at=1000.0, slots=2)
-    incarnation.register(settings, me, now=1000.0)
+    me = _registered_worker(settings)
     with write_session(settings.database_url) as session:
         session.execute(delete(Node))
 
