@@ -35,6 +35,14 @@ STALE_AFTER = 10 * SYNC_EVERY
 #: Seconds a thread waits for another thread's first reading of a store before going on
 #: with the clock it has.
 FIRST_READ_WAIT = 5.0
+#: A refresh whose round trip took longer than this, and than ``ROUGH_FACTOR`` times the
+#: reading it would replace, is dropped for that reading (carried on the monotonic clock, it
+#: stays right): a reading is off by up to half its round trip, and a process descheduled in
+#: the middle of one (a loaded host) would move the federation's time by seconds, enough for
+#: a watchdog to take a live node for dead. It is tried again ``RETRY_AFTER`` seconds later;
+#: a reading older than ``STALE_AFTER`` is replaced whatever its successor's round trip.
+ROUGH_ROUND_TRIP = 0.5
+ROUGH_FACTOR = 4.0
 
 _SERVER_NOW = text("SELECT extract(epoch FROM clock_timestamp())")
 
@@ -101,6 +109,12 @@ def _read(source: str, engine: Engine, *, local: bool) -> None:
     reading = clock.Reading(server=float(server), monotonic=(sent + received) / 2,
                             source=source, round_trip=received - sent)
     previous = clock.current()
+    if previous is not None and previous.source == source and rougher(reading, previous):
+        _next_read = received + RETRY_AFTER
+        logger.info("the store's clock read in a %.2fs round trip: keeping the previous "
+                    "reading (%.3fs), trying again in %gs", reading.round_trip,
+                    previous.round_trip, RETRY_AFTER)
+        return
     clock.adopt(reading)
     _retry_at.pop(source, None)
     _source, _next_read = source, received + SYNC_EVERY
@@ -110,6 +124,12 @@ def _read(source: str, engine: Engine, *, local: bool) -> None:
             # Worth saying once: this host's clock is off, and the federation's is used.
             logger.warning("this host's clock is %.1fs %s the store's; using the store's",
                            abs(offset), "behind" if offset > 0 else "ahead of")
+
+
+def rougher(reading: clock.Reading, previous: clock.Reading) -> bool:
+    """Whether ``reading`` is too rough to replace ``previous`` (see ``ROUGH_ROUND_TRIP``)."""
+    return (reading.round_trip > max(ROUGH_ROUND_TRIP, ROUGH_FACTOR * previous.round_trip)
+            and reading.monotonic - previous.monotonic < STALE_AFTER)
 
 
 def forget() -> None:

@@ -113,3 +113,30 @@ def test_a_store_whose_time_cannot_be_read_keeps_the_clock_it_had(
     assert clock.current() is reading
     [said] = [r for r in caplog.records if "could not read the store's clock" in r.message]
     assert said.levelno == logging.INFO and "keeping the previous reading" in said.message
+
+
+def test_a_refresh_read_in_a_slow_round_trip_keeps_the_better_reading(
+    postgres: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # given a process that read the store's time in a quick round trip
+    keep_clock(postgres)
+    good = clock.current()
+    assert good is not None and good.round_trip < store_clock.ROUGH_ROUND_TRIP
+    # when its next reading takes 0.7 s (the process descheduled in the middle of it, on a
+    # loaded host: such a reading may be a third of a second off)
+    monkeypatch.setattr(store_clock, "_next_read", time.monotonic() - 1)
+    monkeypatch.setattr(store_clock, "_SERVER_NOW", text(
+        "SELECT extract(epoch FROM clock_timestamp()) FROM pg_sleep(0.7)"))
+    keep_clock(postgres)
+    # then the federation's time stays on the quick reading, and the next look is soon
+    assert clock.current() is good
+    assert store_clock._next_read < time.monotonic() + store_clock.RETRY_AFTER
+    # and a reading that is rough only because the earlier one was very quick is not dropped
+    assert not store_clock.rougher(
+        clock.Reading(server=0, monotonic=10, round_trip=0.2), clock.Reading(0, 0, "", 0.001))
+    # and nor is one that replaces a reading older than STALE_AFTER
+    assert not store_clock.rougher(
+        clock.Reading(server=0, monotonic=store_clock.STALE_AFTER + 1, round_trip=2.0),
+        clock.Reading(0, 0, "", 0.001))
+    assert store_clock.rougher(
+        clock.Reading(server=0, monotonic=10, round_trip=2.0), clock.Reading(0, 0, "", 0.001))
