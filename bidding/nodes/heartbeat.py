@@ -73,8 +73,8 @@ _BEAT = (update(_NODES).where(_NODES.c.name == bindparam("n_name"))
 #: The periodic beat on a server store, in one statement that commits on its own: ``WITH
 #: node_beat AS (the node's UPDATE), worker_beat AS (the worker's UPDATE) SELECT`` how many rows
 #: each moved. One round trip where a transaction took four (BEGIN, two UPDATEs, COMMIT), and
-#: half the CPU: at 16 idle nodes the beats were the largest share of an idle federation's
-#: (bench/idle.py --threads).
+#: a quarter to a half less CPU per beat: at 16 idle nodes the beats were the largest share of
+#: an idle federation's (bench/idle.py --threads; bench/RESULTS.md).
 _NODE_BEAT = _BEAT.returning(_NODES.c.name).cte("node_beat")
 _WORKER_BEAT = incarnation.BEAT.returning(incarnation.WORKERS.c.hostname).cte("worker_beat")
 _BEAT_ALONE = select(select(func.count()).select_from(_NODE_BEAT).scalar_subquery(),

@@ -87,14 +87,13 @@ def boot_id() -> str | None:
 
 #: The workers table, for statements in Core.
 WORKERS = cast(Table, Worker.__table__)
-# Core, not ORM: one statement per beat.
 #: A worker's beat: its heartbeat time, status and running tasks, if its row is still this
-#: incarnation's (``beat_params`` fills it in).
+#: incarnation's (``beat_params`` fills it in). Core, not ORM: one statement per beat.
 BEAT = (update(WORKERS)
-         .where(WORKERS.c.hostname == bindparam("w_host"),
-                WORKERS.c.boot_id == bindparam("w_boot"))
-         .values(last_heartbeat=bindparam("w_now"), status=bindparam("w_status"),
-                 running=bindparam("w_running")))
+        .where(WORKERS.c.hostname == bindparam("w_host"),
+               WORKERS.c.boot_id == bindparam("w_boot"))
+        .values(last_heartbeat=bindparam("w_now"), status=bindparam("w_status"),
+                running=bindparam("w_running")))
 
 
 def register(settings: Settings, me: Incarnation, now: float | None = None) -> Ended | None:
