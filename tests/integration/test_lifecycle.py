@@ -252,6 +252,26 @@ def test_a_countdown_starts_its_auction_on_time_on_an_idle_federation(nodes: Clu
         assert 0.29 <= announced - scheduled <= 0.3 + 0.35, announced - scheduled
 
 
+def test_a_countdown_whose_caller_is_gone_starts_at_its_time_from_the_idle_sweeper(
+    nodes: Cluster,
+) -> None:
+    from bidding.auction.alarm import ALARM
+
+    # given an idle federation (its sweeper's phases idle: one look a second reads the store)
+    time.sleep(3.0)
+    # when a task is scheduled 1.5 s ahead and its calling process's alarm is gone before it
+    # rings (the process killed: only the sweeper knows of the task now)
+    result = shaped.apply_async(("late",), countdown=1.5, bidding={"task_type": fresh_type()})
+    ALARM.clear()
+    # then it runs, announced by the sweeper at its time (the look saw when it comes due and
+    # woke the announcing phase then), not at a later idle pause
+    assert result.get(timeout=30) == {"value": "late"}
+    log = messages(nodes, result.id)
+    scheduled = next(m.at for m in log if m.kind == "SCHEDULED")
+    announced = next(m.at for m in log if m.kind == "ANNOUNCED")
+    assert 1.49 <= announced - scheduled <= 1.5 + 0.35, announced - scheduled
+
+
 def test_a_non_retryable_error_fails_at_once(nodes: Cluster) -> None:
     # given a policy that does not retry RuntimeError
     policy = {"max_retries": 3, "base_ms": 100, "non_retryable": ["RuntimeError"]}
