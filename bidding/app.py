@@ -38,6 +38,7 @@ from bidding.execution.final_results import keep_final_results_final
 from bidding.execution.priority import execution_queue, redeclare_if_unprioritized
 from bidding.execution.result_wait import close_the_resubscribe_gap
 from bidding.graphs.plugin import GraphPlugin
+from bidding.lifecycle.lease import SWEEPER
 from bidding.lifecycle.plugins import use
 from bidding.nodes import garbage, incarnation
 from bidding.nodes.heartbeat import Heartbeat
@@ -325,13 +326,19 @@ class HeartbeatStep(_NodeLoopStep):
     """
 
     label = "bidding heartbeat"
-    requires = ("celery.worker.consumer.tasks:Tasks", "bidding.auction.consumer:BidConsumerStep")
+    requires = ("celery.worker.consumer.tasks:Tasks", "bidding.auction.consumer:BidConsumerStep",
+                SweeperStep)
 
     def __init__(self, consumer: Any, **kwargs: Any) -> None:
         super().__init__(consumer, **kwargs)
-        # Each beat says which tasks this worker's pool runs (what the watch's checks ask).
+        # Each beat says which tasks this worker's pool runs (what the watch's checks ask), and
+        # reads the sweeper lease for this worker's sweeper: a node standing by then reads the
+        # lease on its own only when it could lapse.
+        sweeper_step = consumer.blueprint.steps.get(SweeperStep.name)
+        lease = ((SWEEPER, sweeper_step.sweeper.saw_lease)
+                 if isinstance(sweeper_step, SweeperStep) else None)
         self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current(),
-                                    running=running_tasks)
+                                    running=running_tasks, lease=lease)
                           if self.profile is not None else None)
 
     def start(self, consumer: Any) -> None:

@@ -53,6 +53,7 @@ from bidding.execution.report import report_results
 from bidding.lifecycle import lease
 from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
+from bidding.nodes.heartbeat import LeaseSeen
 from bidding.nodes.periodic import IDLE_PASSES, Periodic, idle_pause
 from bidding.store.turns import quiet_turn
 
@@ -80,6 +81,10 @@ FALLBACK_IDLE_INTERVAL = 3.0
 FALLBACK_PHASES = frozenset({"report_results"})
 #: The lease loop's jitter: a standby's look timed for a lapse may come this much early.
 LEASE_JITTER = 0.1
+#: Heartbeat intervals for which what a beat read of the lease stands in for a standby's own
+#: reading: past them (the beats failing, or not reading the lease), it reads it itself again
+#: at least every half TTL.
+BEAT_SHOWS_LEASE = 3
 #: The sweeping loops' jitter: a pass timed for a due task may come this much late.
 PHASE_JITTER = 0.25
 #: Seconds since the idle look last finished after which the idle phases it watches read the
@@ -137,6 +142,9 @@ class Sweeper:
         self.leading = False
         #: Until when the lease this node last saw runs (None: not seen, or nobody's).
         self.lease_until: float | None = None
+        #: When (``time.monotonic``) this node's heartbeat last showed it the lease held by
+        #: another (``saw_lease``); None: never, or not since this node last read it itself.
+        self.beat_saw_lease_at: float | None = None
         #: When the next idle phase has work, as the last look read (None: none has, as far as
         #: it could tell).
         self.next_at: float | None = None
@@ -186,20 +194,45 @@ class Sweeper:
 
     def lease_interval(self) -> float:
         """Seconds until the next look at the lease: a heartbeat interval for its holder (the
-        renewal) and for a node that knows of no lease; for a node standing by, half a
-        heartbeat TTL (a holder that stops cleanly gives it up early), or, once the lease it
-        saw could lapse sooner than that, just after that lapse (the loop's jitter may wake it
-        early: the wait allows for it). A live holder's lease always runs longer than half a
-        TTL, so standbys read it every 5 s at the defaults, and the one that sees it last
-        before its holder dies takes it over as it lapses."""
+        renewal) and for a node that knows of no lease; for a node standing by, just after
+        the lease it saw could lapse (the loop's jitter may wake it early: the wait allows
+        for it), and at most half a heartbeat TTL while its own beats do not show it the
+        lease (``saw_lease``: a holder that stops cleanly gives it up early, and the beats
+        tell of that). Whoever sees it last before its holder dies takes it over as it
+        lapses."""
         interval, ttl = self.settings.heartbeat_interval, self.settings.heartbeat_ttl
         if self.leading or self.lease_until is None:
             return interval
-        cadence = max(ttl / 2, interval)
         wait = self.lease_until - clock.now()
+        # Told by its own beats of each renewal and of a give-up, a standby needs to look only
+        # when the lease could lapse (its pass then skips the read if a beat saw it renewed).
+        cadence = ttl if self.beats_show_lease() else max(ttl / 2, interval)
         if wait > cadence:
             return cadence
         return max(wait, 0.0) / (1 - LEASE_JITTER) + 0.05
+
+    def beats_show_lease(self) -> bool:
+        """Whether this node's heartbeat has shown it the lease lately (within
+        ``BEAT_SHOWS_LEASE`` heartbeat intervals): a standby then reads the lease only once a
+        beat has seen it lapse, or none has seen it renewed by the time it could."""
+        seen_at = self.beat_saw_lease_at
+        return (seen_at is not None and time.monotonic() - seen_at
+                <= BEAT_SHOWS_LEASE * self.settings.heartbeat_interval)
+
+    def saw_lease(self, seen: LeaseSeen) -> None:
+        """What this node's heartbeat read of the sweeper lease (in the beat's own statement):
+        a standby keeps the holder's renewals without reading the lease itself, and a lease
+        that has lapsed, been given up or was never taken wakes its lease loop at once (a
+        holder's clean stop is then taken over within a heartbeat interval)."""
+        if self.leading or not self._started:
+            return
+        if (seen.until is not None and seen.holder not in (None, self.holder)
+                and seen.until > clock.now()):
+            self.lease_until = seen.until
+            self.beat_saw_lease_at = time.monotonic()
+            return
+        self.beat_saw_lease_at = None
+        self._lease_loop.wake()
 
     def interval(self, phase: str) -> float:
         """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""
@@ -254,6 +287,9 @@ class Sweeper:
     def hold_lease(self) -> bool:
         """Take or renew the sweeper lease for a heartbeat TTL (a standby only reads it until
         it lapses); start or stop the sweeping loops when that changes, and say so."""
+        if (not self.leading and self.beats_show_lease() and self.lease_until is not None
+                and self.lease_until > clock.now()):
+            return False  # a beat has seen it renewed since this loop was timed: no read
         try:
             with quiet_turn():  # a statement every few seconds: beside the idle passes
                 if self.leading:  # the renewal: a write, no read first
@@ -268,6 +304,7 @@ class Sweeper:
             self._lead(False)  # the store unreachable: another node may sweep meanwhile
             raise
         self.lease_until = seen.until
+        self.beat_saw_lease_at = None  # its own reading is newer than any beat's
         self._lead(seen.held)
         return seen.held
 

@@ -5,9 +5,11 @@ window, tasks due, winners to watch, outcomes to report), so one node doing it i
 every further node doing it only multiplied the store's idle load: 16 idle nodes made about
 200 transactions a second and used a third of a core between them (bench/idle.py). The lease
 is a row of the jobs table (``sweeper``): its holder renews it every heartbeat interval for a
-heartbeat TTL; the others read it (``look``: no write, no lock) and look again when it could
-have lapsed, or sooner (``Sweeper.lease_interval``), and take it when it has (a holder killed,
-its broker lost, its store connection gone). A holder that stops cleanly gives it up at once.
+heartbeat TTL; the others learn of each renewal from their own heartbeat, whose statement
+reads the row too (``nodes.heartbeat.beat``), read it themselves (``look``: no write, no
+lock) only when it could have lapsed (``Sweeper.lease_interval``), and take it when it has (a
+holder killed, its broker lost, its store connection gone). A holder that stops cleanly gives
+it up at once, and the next beat of a node standing by shows it so.
 Two holders for a moment (a renewal that landed after the lease lapsed) is harmless:
 every phase is a compare-and-set, as when every node swept.
 """

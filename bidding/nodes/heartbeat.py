@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, Table, bindparam, func, select, update
@@ -25,7 +26,7 @@ from bidding.nodes.registry import invalidate_cache
 from bidding.store import statement_session, trim, write_session
 from bidding.store.engine import is_sqlite
 from bidding.store.outage import outlasting
-from bidding.store.schema import Node, Worker
+from bidding.store.schema import Job, Node, Worker
 from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
@@ -80,13 +81,36 @@ _WORKER_BEAT = incarnation.BEAT.returning(incarnation.WORKERS.c.hostname).cte("w
 _BEAT_ALONE = select(select(func.count()).select_from(_NODE_BEAT).scalar_subquery(),
                      select(func.count()).select_from(_WORKER_BEAT).scalar_subquery())
 
+_JOBS = cast(Table, Job.__table__)
+#: A lease's row (a row of the jobs table, ``store.schema.Job``), read with the beat.
+_LEASE = select(_JOBS.c.due_at, _JOBS.c.last_by).where(_JOBS.c.name == bindparam("j_name"))
+#: The beat, and the lease's row, in the one statement.
+_BEAT_AND_LEASE = _BEAT_ALONE.add_columns(
+    _LEASE.with_only_columns(_JOBS.c.due_at).scalar_subquery(),
+    _LEASE.with_only_columns(_JOBS.c.last_by).scalar_subquery())
+
+
+@dataclass(frozen=True)
+class LeaseSeen:
+    """A lease's row as a beat read it: until when it runs and who holds it (both None: no
+    row yet)."""
+
+    until: float | None
+    holder: str | None
+
 
 def beat(settings: Settings, profile: NodeProfile, now: float | None = None, *,
-         me: incarnation.Incarnation | None = None, running: Sequence[str] = ()) -> None:
+         me: incarnation.Incarnation | None = None, running: Sequence[str] = (),
+         lease: str | None = None) -> LeaseSeen | None:
     """The periodic heartbeat: one UPDATE of the node's row (the profile was written by
     ``heartbeat`` when the node started), and of worker ``me``'s row with the tasks its pool
     is ``running``, together (one statement on PostgreSQL, one transaction on SQLite); the
     full ``heartbeat`` when the node's row has gone.
+
+    ``lease``: the name of a lease's row in the jobs table to read with the beat, in the same
+    statement (``lifecycle.lease``); returned as seen (None when no lease was asked for). A
+    node standing by for the sweeper lease then learns of its renewals, and of its holder
+    giving it up, from its own beat instead of reading the lease on a loop of its own.
 
     64 idle nodes beating every 2 s are 32 write transactions a second on the store; each is
     one statement instead of a read and a rewrite of every column (bench/latency.py), and
@@ -95,18 +119,29 @@ def beat(settings: Settings, profile: NodeProfile, now: float | None = None, *,
     """
     now = clock.now() if now is None else now
     node = {"n_name": profile.name, "n_now": now}
+    seen: LeaseSeen | None = None
     if me is not None and not is_sqlite(settings.database_url):
+        params = node | incarnation.beat_params(me, now=now, running=running)
         with statement_session(settings.database_url) as session:
-            moved, worker_moved = session.execute(
-                _BEAT_ALONE, node | incarnation.beat_params(me, now=now, running=running)).one()
+            if lease is None:
+                moved, worker_moved = session.execute(_BEAT_ALONE, params).one()
+            else:
+                moved, worker_moved, until, holder = session.execute(
+                    _BEAT_AND_LEASE, params | {"j_name": lease}).one()
+                seen = LeaseSeen(until, holder)
         incarnation.beat_counted(me, worker_moved)
     else:
         with write_session(settings.database_url) as session:
             moved = cast(CursorResult[Any], session.execute(_BEAT, node)).rowcount
             if me is not None:
                 incarnation.beat_in(session, me, now=now, running=running)
+            if lease is not None:
+                row = session.execute(_LEASE, {"j_name": lease}).first()
+                seen = (LeaseSeen(row.due_at, row.last_by) if row is not None
+                        else LeaseSeen(None, None))
     if moved != 1:
         heartbeat(settings, profile, now=now)
+    return seen
 
 
 def touch(settings: Settings, name: str, now: float | None = None) -> None:
@@ -141,12 +176,15 @@ class Heartbeat:
 
     def __init__(self, settings: Settings, profile: NodeProfile,
                  me: incarnation.Incarnation | None = None,
-                 running: Callable[[], Sequence[str]] | None = None) -> None:
+                 running: Callable[[], Sequence[str]] | None = None,
+                 lease: tuple[str, Callable[[LeaseSeen], None]] | None = None) -> None:
         self.settings = settings
         self.profile = profile
         self.me = me
         #: The ids of the tasks this worker's pool runs now (each beat carries them).
         self.running = running or tuple
+        #: A lease's name, read with each periodic beat, and who is told what it showed.
+        self.lease = lease
         self.started_at = me.started_at if me is not None else clock.now()
         self._registered = False
         self._loop = Periodic(f"bidding-heartbeat-{profile.name}", settings.heartbeat_interval,
@@ -176,8 +214,14 @@ class Heartbeat:
         # whose beats failed twice in a row would otherwise back off past its TTL and look
         # dead while it runs.
         with quiet_turn():  # beside the sweeper's idle passes, on the same connection
-            outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
-                       self._beat_once, patience=self.settings.heartbeat_interval)
+            seen = outlasting(self.settings.database_url, f"heartbeat of node {self.profile.name}",
+                              self._beat_once, patience=self.settings.heartbeat_interval)
+        if seen is not None and self.lease is not None:
+            try:
+                self.lease[1](seen)
+            except Exception:  # the lease's own loop still reads it when it could lapse
+                logger.exception("node %s: what its beat read of lease %s was not taken in",
+                                 self.profile.name, self.lease[0])
         # The beat's rhythm also gives back the store connections the node's threads opened
         # together and no longer use (an idle node then holds one).
         try:
@@ -186,17 +230,18 @@ class Heartbeat:
             logger.exception("could not close node %s's idle store connections",
                              self.profile.name)
 
-    def _beat_once(self) -> None:
+    def _beat_once(self) -> LeaseSeen | None:
         # The full row (this run's profile) until it is written once, then one UPDATE of it
         # and of this worker's row, in one transaction.
         if self._registered:
-            beat(self.settings, self.profile, me=self.me,
-                 running=self.running() if self.me is not None else ())
-            return
+            return beat(self.settings, self.profile, me=self.me,
+                        running=self.running() if self.me is not None else (),
+                        lease=self.lease[0] if self.lease is not None else None)
         heartbeat(self.settings, self.profile, started_at=self.started_at)
         self._registered = True
         if self.me is not None:
             incarnation.beat(self.settings, self.me, running=self.running())
+        return None
 
     def _drain(self) -> None:
         touch(self.settings, self.profile.name)

@@ -177,6 +177,33 @@ def sweeper_lease(cluster: Cluster) -> tuple[str, float]:
         return job.last_by, job.due_at
 
 
+def test_when_the_sweeping_node_stops_cleanly_another_sweeps_within_a_heartbeat(
+    cluster: Cluster,
+) -> None:
+    import signal
+
+    # given the node whose worker holds the federation's sweeper lease (the library's
+    # default heartbeat: every 2 s)
+    holder, _ = sweeper_lease(cluster)
+    victim = next(name for name, worker in cluster.federation.nodes.items()
+                  if holder.split("@")[0] == name)
+    interval = cluster.settings.heartbeat_interval
+    # when its worker stops cleanly (a warm shutdown gives the lease up)
+    cluster.federation.kill(victim, signal.SIGTERM)
+    try:
+        assert wait_for(lambda: sweeper_lease(cluster)[0] != holder
+                        or sweeper_lease(cluster)[1] == 0.0, timeout=20, interval=0.02)
+        given_up = time.time()
+        # then another node's worker takes it once its own heartbeat shows it given up:
+        # within a heartbeat interval, not the half TTL (5 s) a standby's own reading took
+        assert wait_for(lambda: sweeper_lease(cluster)[0] != holder, timeout=20,
+                        interval=0.02)
+        assert time.time() - given_up <= interval + 1.0
+    finally:
+        cluster.federation.restart(victim)
+        cluster.federation.wait_live(cluster.settings, [victim], timeout=60)
+
+
 def test_when_the_sweeping_node_is_killed_another_sweeps_within_the_lease_ttl(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -349,3 +349,102 @@ def test_a_phase_backing_off_after_failures_is_not_woken_by_the_look(
     node.look_for_work()
     # then the phase will run it at its backoff's pace, not every second
     assert woken == [] and node.wanted == {"close_expired"}
+
+
+def test_a_standby_whose_beats_show_the_lease_renewed_does_not_read_it_itself(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding.nodes.heartbeat import LeaseSeen
+
+    # given the defaults and a started standby (its loops not running: each pass is called
+    # here), whose lease reads are counted
+    defaults = settings.model_copy(update={"heartbeat_interval": 2.0, "heartbeat_ttl": 10.0})
+    node = sweeper.Sweeper(defaults, Celery("t", broker="memory://", set_as_current=False),
+                           holder="b@host")
+    node._started = True
+    reads: list[str] = []
+    real_look = lease.look
+    monkeypatch.setattr(lease, "look", lambda *a, **k: reads.append(a[1]) or real_look(*a, **k))
+    woken: list[bool] = []
+    monkeypatch.setattr(node._lease_loop, "wake", lambda: woken.append(True))
+    assert lease.hold(settings.database_url, "a@host", 10)
+    # when its heartbeat reads a's lease, renewed until 9.5 s from now
+    node.saw_lease(LeaseSeen(clock.now() + 9.5, "a@host"))
+    # then its lease loop sleeps until the lease could lapse (not half a TTL), and a pass
+    # that comes while a beat shows the lease live reads nothing
+    assert 9.5 < node.lease_interval() * (1 - sweeper.LEASE_JITTER) < 9.6
+    assert node.hold_lease() is False and reads == [] and woken == []
+    # when a gives the lease up (a clean stop) and the next beat reads it so
+    lease.give_up(settings.database_url, "a@host")
+    node.saw_lease(LeaseSeen(0.0, "a@host"))
+    # then the lease loop is woken at once, and its pass reads the lease and takes it
+    assert woken == [True]
+    assert node.hold_lease() is True and reads == ["b@host"] and node.leading
+    # and a lease no node has taken, or one the beat shows held under this node's own name
+    # (a worker restarted under it), wakes the loop too: it is this node's to take
+    node.leading = False
+    for unheld in (LeaseSeen(None, None), LeaseSeen(clock.now() + 9, "b@host")):
+        node.saw_lease(unheld)
+    assert woken == [True, True, True]
+
+
+def test_a_standby_whose_beats_stopped_showing_the_lease_reads_it_itself_again(
+    settings: Settings,
+) -> None:
+    from bidding.nodes.heartbeat import LeaseSeen
+
+    # given a standby whose beats showed the lease live, then stopped (its beats failing)
+    defaults = settings.model_copy(update={"heartbeat_interval": 2.0, "heartbeat_ttl": 10.0})
+    node = sweeper.Sweeper(defaults, Celery("t", broker="memory://", set_as_current=False),
+                           holder="b@host")
+    node._started = True
+    node.saw_lease(LeaseSeen(clock.now() + 9.5, "a@host"))
+    assert node.beats_show_lease()
+    node.beat_saw_lease_at -= 3 * 2.0 + 0.1  # type: ignore[operator]
+    # then it reads a live holder's lease every half TTL again, as with no beats at all
+    assert not node.beats_show_lease()
+    assert node.lease_interval() == pytest.approx(5.0)
+
+
+def test_a_standby_fed_by_its_heartbeat_takes_over_a_clean_stop_within_a_beat(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding.nodes.heartbeat import Heartbeat
+    from tests.unit.test_registry import PROFILE, _registered_worker
+
+    # given two nodes' sweepers (their phases doing nothing), the standby's heartbeat reading
+    # the lease for it: beats every 0.1 s, a TTL of 2 s (a standby without beats would read
+    # the lease every second, and see a clean stop up to a second late)
+    fast = settings.model_copy(update={"heartbeat_interval": 0.1, "heartbeat_ttl": 2.0})
+    for name in sweeper.PHASES:
+        monkeypatch.setattr(sweeper, name,
+                            lambda ctx, name=name: (0, 1) if name == "check_winners" else 0)
+    holder, standby = (sweeper.Sweeper(fast, Celery(n, broker="memory://",
+                                                    set_as_current=False), holder=f"{n}@host")
+                       for n in ("n1", "n2"))
+    reads: list[str] = []
+    real_look = lease.look
+    monkeypatch.setattr(lease, "look", lambda *a, **k: reads.append(a[1]) or real_look(*a, **k))
+    beats = Heartbeat(fast, PROFILE, _registered_worker(fast, at=clock.now()),
+                      lease=(lease.SWEEPER, standby.saw_lease))
+    holder.start()
+    standby.start()
+    beats.start()
+    try:
+        # when both run for 1.5 s
+        threading.Event().wait(1.5)
+        # then the holder swept, and the standby read the lease only as it started
+        assert holder.leading and not standby.leading
+        assert reads.count("n2@host") == 1, reads
+        # when the holder stops cleanly
+        holder.stop()
+        stopped = clock.now()
+        # then the standby sweeps after its next beat, well within the second its own
+        # reading would have taken
+        while not standby.leading and clock.now() - stopped < 3:
+            threading.Event().wait(0.01)
+        assert standby.leading and clock.now() - stopped < 0.8
+    finally:
+        beats._loop.stop()
+        for node in (holder, standby):
+            node.stop()

@@ -222,13 +222,44 @@ def test_the_one_statement_beat_sets_only_the_columns_it_means() -> None:
 
     from bidding.nodes import heartbeat as module
 
-    # given the one-statement beat compiled with every parameter it is given
+    # given the one-statement beats (alone, and reading a lease) compiled with every
+    # parameter each is given
     keys = ["n_name", "n_now", "w_host", "w_boot", "w_now", "w_status", "w_running"]
-    sql = str(module._BEAT_ALONE.compile(dialect=postgresql.dialect(), column_keys=keys))
-    # then each UPDATE sets its own columns and no other (a parameter named like a column of
-    # either table would add it to that table's SET)
-    node_set = sql.split("UPDATE bidding_nodes SET ")[1].split(" WHERE")[0]
-    worker_set = sql.split("UPDATE bidding_workers SET ")[1].split(" WHERE")[0]
-    assert [c.split("=")[0] for c in node_set.split(", ")] == ["status", "last_heartbeat"]
-    assert sorted(c.split("=")[0] for c in worker_set.split(", ")) == [
-        "last_heartbeat", "running", "status"]
+    for statement, extra in ((module._BEAT_ALONE, []), (module._BEAT_AND_LEASE, ["j_name"])):
+        sql = str(statement.compile(dialect=postgresql.dialect(), column_keys=keys + extra))
+        # then each UPDATE sets its own columns and no other (a parameter named like a column
+        # of either table would add it to that table's SET)
+        node_set = sql.split("UPDATE bidding_nodes SET ")[1].split(" WHERE")[0]
+        worker_set = sql.split("UPDATE bidding_workers SET ")[1].split(" WHERE")[0]
+        assert [c.split("=")[0] for c in node_set.split(", ")] == ["status", "last_heartbeat"]
+        assert sorted(c.split("=")[0] for c in worker_set.split(", ")) == [
+            "last_heartbeat", "running", "status"]
+
+
+def test_a_beat_reads_the_sweeper_lease_with_it_on_either_store(settings, monkeypatch) -> None:
+    from sqlalchemy import event
+
+    from bidding.lifecycle import lease
+    from bidding.nodes.heartbeat import LeaseSeen
+    from bidding.store.engine import get_engine, is_sqlite
+
+    # given a started node and its registered worker, and no sweeper lease taken yet
+    heartbeat(settings, PROFILE, now=1000.0)
+    me = _registered_worker(settings)
+    # then a beat asked to read the lease says there is none
+    assert beat(settings, PROFILE, now=1050.0, me=me, lease=lease.SWEEPER) == LeaseSeen(None,
+                                                                                         None)
+    # and once another node holds it until 1110, the beat says so
+    assert lease.hold(settings.database_url, "other@host", 10, now=1100.0)
+    statements: list[str] = []
+    event.listen(get_engine(settings.database_url), "before_cursor_execute",
+                 lambda *args: statements.append(args[2]))
+    seen = beat(settings, PROFILE, now=1101.0, me=me, lease=lease.SWEEPER)
+    beat_statements = len(statements)
+    assert seen == LeaseSeen(1110.0, "other@host")
+    # and the beat itself still happened, on PostgreSQL in its one statement
+    assert _beat_rows(settings, "redfin@a")[:2] == (1101.0, 1101.0)
+    if not is_sqlite(settings.database_url):
+        assert beat_statements == 1
+    # and a beat not asked for the lease reads nothing of it
+    assert beat(settings, PROFILE, now=1102.0, me=me) is None
