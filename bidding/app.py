@@ -337,6 +337,10 @@ class HeartbeatStep(_NodeLoopStep):
         sweeper_step = consumer.blueprint.steps.get(SweeperStep.name)
         lease = ((SWEEPER, sweeper_step.sweeper.saw_lease)
                  if isinstance(sweeper_step, SweeperStep) else None)
+        if lease is None and self.profile is not None:
+            logger.warning("node %s: its heartbeat found no sweeper to tell of the sweeper "
+                           "lease; standing by, it reads the lease itself every half TTL",
+                           self.profile.name)
         self.heartbeat = (Heartbeat(self.settings, self.profile, incarnation.current(),
                                     running=running_tasks, lease=lease)
                           if self.profile is not None else None)

@@ -198,15 +198,19 @@ class Sweeper:
         the lease it saw could lapse (the loop's jitter may wake it early: the wait allows
         for it), and at most half a heartbeat TTL while its own beats do not show it the
         lease (``saw_lease``: a holder that stops cleanly gives it up early, and the beats
-        tell of that). Whoever sees it last before its holder dies takes it over as it
-        lapses."""
+        tell of that). While they do, it wakes every ``BEAT_SHOWS_LEASE`` heartbeat intervals
+        at least, reading nothing, to see whether they still do. Whoever sees it last before
+        its holder dies takes it over as it lapses."""
         interval, ttl = self.settings.heartbeat_interval, self.settings.heartbeat_ttl
         if self.leading or self.lease_until is None:
             return interval
         wait = self.lease_until - clock.now()
-        # Told by its own beats of each renewal and of a give-up, a standby needs to look only
-        # when the lease could lapse (its pass then skips the read if a beat saw it renewed).
-        cadence = ttl if self.beats_show_lease() else max(ttl / 2, interval)
+        # Told by its own beats of each renewal and of a give-up, a standby needs to read it
+        # only when the lease could lapse (its pass skips the read while a beat shows it
+        # renewed); it wakes as often as beats that stopped would be noticed, so that it
+        # reads every half TTL again soon after they stop.
+        cadence = (BEAT_SHOWS_LEASE * interval if self.beats_show_lease()
+                   else max(ttl / 2, interval))
         if wait > cadence:
             return cadence
         return max(wait, 0.0) / (1 - LEASE_JITTER) + 0.05
@@ -232,7 +236,8 @@ class Sweeper:
             self.beat_saw_lease_at = time.monotonic()
             return
         self.beat_saw_lease_at = None
-        self._lease_loop.wake()
+        if not self._lease_loop.failures:  # one backing off after failures keeps its pace
+            self._lease_loop.wake()
 
     def interval(self, phase: str) -> float:
         """Seconds until ``phase``'s next pass: the sweep interval, longer while it idles."""

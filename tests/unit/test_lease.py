@@ -370,9 +370,13 @@ def test_a_standby_whose_beats_show_the_lease_renewed_does_not_read_it_itself(
     assert lease.hold(settings.database_url, "a@host", 10)
     # when its heartbeat reads a's lease, renewed until 9.5 s from now
     node.saw_lease(LeaseSeen(clock.now() + 9.5, "a@host"))
-    # then its lease loop sleeps until the lease could lapse (not half a TTL), and a pass
-    # that comes while a beat shows the lease live reads nothing
-    assert 9.5 < node.lease_interval() * (1 - sweeper.LEASE_JITTER) < 9.6
+    # then its lease loop wakes only to see whether its beats still show the lease (every
+    # three heartbeat intervals), or just after a lease it saw could lapse, and a pass that
+    # comes while a beat shows the lease live reads nothing
+    assert node.lease_interval() == pytest.approx(3 * 2.0)
+    assert node.hold_lease() is False and reads == [] and woken == []
+    node.saw_lease(LeaseSeen(clock.now() + 3.5, "a@host"))
+    assert 3.3 < node.lease_interval() * (1 - sweeper.LEASE_JITTER) < 3.6
     assert node.hold_lease() is False and reads == [] and woken == []
     # when a gives the lease up (a clean stop) and the next beat reads it so
     lease.give_up(settings.database_url, "a@host")
@@ -385,6 +389,11 @@ def test_a_standby_whose_beats_show_the_lease_renewed_does_not_read_it_itself(
     node.leading = False
     for unheld in (LeaseSeen(None, None), LeaseSeen(clock.now() + 9, "b@host")):
         node.saw_lease(unheld)
+    assert woken == [True, True, True]
+    # but a lease loop backing off after failures (the store refusing its reads) keeps its
+    # backoff's pace, whatever the beats show
+    node._lease_loop.failures = 2
+    node.saw_lease(LeaseSeen(None, None))
     assert woken == [True, True, True]
 
 
@@ -413,9 +422,9 @@ def test_a_standby_fed_by_its_heartbeat_takes_over_a_clean_stop_within_a_beat(
     from tests.unit.test_registry import PROFILE, _registered_worker
 
     # given two nodes' sweepers (their phases doing nothing), the standby's heartbeat reading
-    # the lease for it: beats every 0.1 s, a TTL of 2 s (a standby without beats would read
-    # the lease every second, and see a clean stop up to a second late)
-    fast = settings.model_copy(update={"heartbeat_interval": 0.1, "heartbeat_ttl": 2.0})
+    # the lease for it: beats every 0.25 s, a TTL of 2.5 s (a standby without beats would
+    # read the lease every 1.25 s, and see a clean stop up to that late)
+    fast = settings.model_copy(update={"heartbeat_interval": 0.25, "heartbeat_ttl": 2.5})
     for name in sweeper.PHASES:
         monkeypatch.setattr(sweeper, name,
                             lambda ctx, name=name: (0, 1) if name == "check_winners" else 0)
@@ -431,20 +440,47 @@ def test_a_standby_fed_by_its_heartbeat_takes_over_a_clean_stop_within_a_beat(
     standby.start()
     beats.start()
     try:
-        # when both run for 1.5 s
-        threading.Event().wait(1.5)
+        # when both run for 2 s
+        threading.Event().wait(2.0)
         # then the holder swept, and the standby read the lease only as it started
         assert holder.leading and not standby.leading
         assert reads.count("n2@host") == 1, reads
         # when the holder stops cleanly
         holder.stop()
         stopped = clock.now()
-        # then the standby sweeps after its next beat, well within the second its own
-        # reading would have taken
+        # then the standby sweeps after its next beat, sooner than its own reading would
         while not standby.leading and clock.now() - stopped < 3:
             threading.Event().wait(0.01)
-        assert standby.leading and clock.now() - stopped < 0.8
+        assert standby.leading and clock.now() - stopped < 1.0
     finally:
         beats._loop.stop()
         for node in (holder, standby):
             node.stop()
+
+
+def test_a_node_workers_heartbeat_reads_the_lease_for_its_own_sweeper(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import bidding
+    from bidding.app import HeartbeatStep, SweeperStep
+    from bidding.nodes import incarnation
+    from bidding.nodes.profile import PROFILE_ENV
+
+    # (the worker's node step registers this process's incarnation: put back afterwards)
+    monkeypatch.setattr(incarnation, "_current", incarnation._current)
+    monkeypatch.delenv(incarnation.BOOT_ENV, raising=False)
+    # given a node worker built as `bidding worker` builds it (its consumer's steps made, not
+    # started: an in-memory broker, a SQLite store)
+    profile = tmp_path / "wired.toml"
+    profile.write_text('name = "wired"\ncapabilities = ["x"]\ncapacity = 1\n')
+    monkeypatch.setenv(PROFILE_ENV, str(profile))
+    app = Celery("wired", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.bidding_database_url = f"sqlite:///{tmp_path}/store.db"
+    bidding.install(app)
+    worker = app.WorkController(pool_cls="solo", hostname="wired@host", without_mingle=True,
+                                without_gossip=True, without_heartbeat=True)
+    # then its heartbeat reads the sweeper lease, and tells this worker's own sweeper
+    steps = worker.consumer.blueprint.steps
+    beats, sweeping = steps[HeartbeatStep.name].heartbeat, steps[SweeperStep.name].sweeper
+    assert beats is not None and beats.lease is not None
+    assert beats.lease == (lease.SWEEPER, sweeping.saw_lease)

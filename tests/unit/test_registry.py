@@ -249,12 +249,21 @@ def test_a_beat_reads_the_sweeper_lease_with_it_on_either_store(settings, monkey
     # then a beat asked to read the lease says there is none
     assert beat(settings, PROFILE, now=1050.0, me=me, lease=lease.SWEEPER) == LeaseSeen(None,
                                                                                          None)
-    # and once another node holds it until 1110, the beat says so
+    # and once another node holds it until 1110 (beside another lease of the jobs table),
+    # the beat says so
     assert lease.hold(settings.database_url, "other@host", 10, now=1100.0)
+    assert lease.hold(settings.database_url, "third@host", 50, name="another", now=1100.0)
     statements: list[str] = []
-    event.listen(get_engine(settings.database_url), "before_cursor_execute",
-                 lambda *args: statements.append(args[2]))
-    seen = beat(settings, PROFILE, now=1101.0, me=me, lease=lease.SWEEPER)
+
+    def count(*args: object) -> None:
+        statements.append(str(args[2]))
+
+    engine = get_engine(settings.database_url)
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        seen = beat(settings, PROFILE, now=1101.0, me=me, lease=lease.SWEEPER)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
     beat_statements = len(statements)
     assert seen == LeaseSeen(1110.0, "other@host")
     # and the beat itself still happened, on PostgreSQL in its one statement
