@@ -420,3 +420,36 @@ def test_a_dropped_copy_whose_store_read_fails_is_still_only_dropped(
     report.restore_view(Context(settings, Celery("t", broker="memory://",
                                                  set_as_current=False)), "t-1")
     assert "Flower's view of it not restored" in caplog.text
+
+
+def test_a_dropped_copy_points_flower_back_at_the_worker_that_ran_it_twice(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from bidding import clock
+    from bidding.execution import report
+    from bidding.lifecycle import events, states
+    from bidding.models import Announcement
+    from tests.stored import add_announcement
+
+    # given a task that succeeded on bluefin, and sent events recorded
+    add_announcement(settings.database_url,
+                     Announcement(task_id="t-ran", task_name="t.work", task_type="work",
+                                  announced_at=clock.now()),
+                     states.SUCCESS, ["bluefin"], worker="bluefin@host",
+                     result={"value": 7}, started_at=10.0, finished_at=12.5)
+    sent: list[tuple[str, str | None, float]] = []
+    monkeypatch.setattr(events, "send", lambda app, kind, task_id, hostname=None, **_: (
+        sent.append((kind, hostname, time.monotonic()))))
+    monkeypatch.setattr(report, "VIEW_RESENT_AFTER", 0.2)
+    # when another node drops its stale copy and restores Flower's view
+    began = time.monotonic()
+    report.restore_view(Context(settings, Celery("t", broker="memory://", set_as_current=False)),
+                        "t-ran")
+    # then the task's real outcome is sent from bluefin's worker at once
+    assert [(kind, host) for kind, host, _ in sent] == [("task-succeeded", "bluefin@host")]
+    # and once more a little later, after the copy's own buffered events have reached Flower
+    deadline = time.monotonic() + 5
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [(kind, host) for kind, host, _ in sent] == [("task-succeeded", "bluefin@host")] * 2
+    assert sent[1][2] - began >= 0.2
