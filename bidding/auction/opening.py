@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement
+from bidding.store.engine import core
 from bidding.store.once import insert_once
 from bidding.store.schema import AnnouncementRow, Tag
 
@@ -71,7 +72,7 @@ def record_new(
             return False
     else:
         # Core statements: the caller's path is the hottest in a burst.
-        session.execute(_INSERT_ANNOUNCEMENT, values)
+        core(session).execute(_INSERT_ANNOUNCEMENT, values)
     write_tags(session, announcement)
     journal.write(
         session,

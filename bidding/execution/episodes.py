@@ -26,6 +26,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
+from bidding.store.engine import core
 from bidding.store.once import insert_once
 from bidding.store.schema import BidRow, Episode, LedgerEntry, Node, NodeRecord
 
@@ -56,9 +57,10 @@ def count_episode(session: Session, node: str, success: bool, task_type: str | N
                   lost: bool = False) -> None:
     """Add one finished attempt to ``node``'s record, and (``task_type`` given, the attempt
     not lost with its worker) to its record on that type (call once per new episode row)."""
-    session.execute(_RECORD, {"node": node, "won": int(success)})
+    conn = core(session)
+    conn.execute(_RECORD, {"node": node, "won": int(success)})
     if task_type is not None and not lost:
-        session.execute(_TYPED[session.get_bind().dialect.name], {
+        conn.execute(_TYPED[conn.dialect.name], {
             "node": node, "task_type": task_type, "attempts": 1, "successes": int(success)})
 
 
@@ -93,7 +95,7 @@ _CLAIMS_OF = select(*(
 def claims(session: Session, task_id: str, attempt: int, node: str) -> dict[str, Any]:
     """What ``node``'s bid for ``task_id``'s ``attempt`` claimed, as episode columns (each
     None when there is no such bid, or it did not say)."""
-    row = session.execute(_CLAIMS_OF, {"task_id": task_id, "attempt": attempt,
+    row = core(session).execute(_CLAIMS_OF, {"task_id": task_id, "attempt": attempt,
                                        "node": node}).one()
     return dict(row._mapping)
 
@@ -117,7 +119,7 @@ def record_attempt(session: Session, charge: dict[str, Any] | None,
     if charge is not None:
         charge = {**_DEFAULTS[_LEDGER.name], **charge}
         params.update({f"l_{k}": v for k, v in charge.items()})
-    session.execute(_record_attempt(tuple(episode), tuple(charge or ())), params)
+    core(session).execute(_record_attempt(tuple(episode), tuple(charge or ())), params)
 
 
 def _scalar_defaults(table: Table) -> dict[str, Any]:

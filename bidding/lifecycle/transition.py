@@ -7,8 +7,9 @@ a refused transition is logged as ILLEGAL_TRANSITION with the state it found (ST
 the task has moved on to another attempt or node meanwhile), never applied.
 
 The statements are Core statements built once per shape (which columns are set, which
-conditions apply) and cached: building an ORM ``update()`` and synchronizing the session cost
-more than the database work itself.
+conditions apply) and cached, and run on the session's connection (``store.engine.core``):
+building an ORM ``update()``, synchronizing the session and the ORM's execution path cost more
+than the database work itself.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.lifecycle import journal, parking, states
+from bidding.store.engine import core
 from bidding.store.schema import AnnouncementRow
 
 _TABLE: Final = cast(Table, AnnouncementRow.__table__)
@@ -124,7 +126,8 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
     prepared = _prepare(session, task_id, steps, expect, at, returning)
     stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
     first = steps[0]
-    result = cast(CursorResult[Any], session.execute(stmt, params))
+    conn = core(session)
+    result = cast(CursorResult[Any], conn.execute(stmt, params))
     if with_returning:
         row = result.one_or_none()
         moved = row is not None
@@ -134,10 +137,10 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
     if moved:
         _expire_loaded(session, task_id)
         if returning and not with_returning:
-            row = session.execute(_select(tuple(returning)), {"t_task_id": task_id}).one()
+            row = conn.execute(_select(tuple(returning)), {"t_task_id": task_id}).one()
         journal.write(session, prepared.messages)
         return Outcome(True, row)
-    found = session.execute(_select(_FOUND + tuple(returning)),
+    found = conn.execute(_select(_FOUND + tuple(returning)),
                             {"t_task_id": task_id}).one_or_none()
     # Found in another attempt, or with another node, than the caller held: the task moved on
     # (a re-award, a retry), so the caller's change is stale rather than illegal.
@@ -175,7 +178,7 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
     params = dict(prepared.params)
     for n, message in enumerate(prepared.messages):
         params.update({f"m{n}_{name}": value for name, value in message.items()})
-    row = session.execute(stmt, params).one_or_none()
+    row = core(session).execute(stmt, params).one_or_none()
     if row is None:
         return None
     return Outcome(True, row if returning else None)
@@ -234,8 +237,7 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expe
     # The task moves on: what a sweeper's scan failed on was about where it was (parking).
     values = {**parking.CLEARED, **values}
     at = clock.now() if at is None else at
-    if session.autoflush:
-        session.flush()  # what an ORM statement's autoflush did: pending rows are visible
+    # (Pending ORM rows are flushed by ``core`` as the statement runs: its autoflush.)
     dialect = session.get_bind().dialect
     with_returning = bool(returning) and dialect.update_returning
     stmt = _update(tuple(sorted(allowed)), steps[-1].target,

@@ -15,6 +15,8 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from bidding.store.engine import core
+
 
 def insert_once(session: Session, table: Table, values: dict[str, Any],
                  report: bool = False) -> bool:
@@ -29,7 +31,7 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
             stmt = stmt.returning(*table.primary_key.columns)
         _INSERT_ONCE[key] = stmt
     if stmt is not None:
-        result = session.execute(stmt, values)
+        result = core(session).execute(stmt, values)
         return result.first() is not None if report else True
     try:  # another database: a savepoint, rolled back on the duplicate
         with session.begin_nested():
