@@ -239,12 +239,48 @@ def cached_history(settings: Settings, node: str, task_type: str, now: float | N
 
 
 def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
-                     versions: dict[str, int | None], now: float | None = None
+                     versions: Mapping[str, int | None], now: float | None = None
                      ) -> dict[str, NodeHistory]:
     """``cached_history`` of several nodes: the ones not cached (or changed) are read together
     (``gather_histories``); ``versions`` are their history versions."""
-    ttl = settings.history_cache_seconds
     seen = time.monotonic()
+    out, stale = _cached(settings, nodes, task_type, versions, seen)
+    if stale:
+        read = gather_histories(settings, stale, task_type, now)
+        _remember(settings, task_type, versions, read, seen)
+        out.update(read)
+    return out
+
+
+def histories_inside(session: Session, settings: Settings, nodes: Sequence[str],
+                     task_type: str, known: Mapping[str, NodeHistory],
+                     versions: Mapping[str, int | None], now: float | None = None
+                     ) -> dict[str, NodeHistory]:
+    """``read_histories`` in the award's transaction, with each node's states as ``known``
+    (read under its lock), and its latest outcomes from the cache while its history version
+    holds (``cached_history``): only the nodes that finished an attempt since their outcomes
+    were read (or whose entry is older than ``bidding_history_cache_seconds``) are read.
+
+    The announcer's proxy bids read every candidate's latest episodes of the type (up to
+    ``episodes_read`` rows each), most of the award's reading at 8 candidates; between two
+    auctions most candidates have finished nothing."""
+    seen = time.monotonic()
+    hits, stale = _cached(settings, nodes, task_type, versions, seen)
+    read = read_histories(session, settings, stale, task_type, now, known=known) if stale else {}
+    _remember(settings, task_type, versions, read, seen)
+    out = {name: dataclasses.replace(known.get(name, NodeHistory()), outcomes=hit.outcomes,
+                                     earlier=hit.earlier, durations=hit.durations)
+           for name, hit in hits.items()}
+    out.update(read)
+    return {name: out[name] for name in dict.fromkeys(nodes)}
+
+
+def _cached(settings: Settings, nodes: Sequence[str], task_type: str,
+            versions: Mapping[str, int | None], seen: float
+            ) -> tuple[dict[str, NodeHistory], list[str]]:
+    """The cached histories of ``nodes`` still valid at ``seen`` (monotonic), and the nodes
+    to read."""
+    ttl = settings.history_cache_seconds
     out: dict[str, NodeHistory] = {}
     stale: list[str] = []
     with _history_lock:
@@ -260,17 +296,21 @@ def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
                 _history.move_to_end(key)
             else:
                 stale.append(node)
-    if stale:
-        read = gather_histories(settings, stale, task_type, now)
-        with _history_lock:
-            for node, history in read.items():
-                key = (settings.database_url, node, task_type)
-                _history[key] = (seen, versions.get(node), history)
-                _history.move_to_end(key)
-            while len(_history) > HISTORY_CACHE_LIMIT:
-                _history.popitem(last=False)
-        out.update(read)
-    return out
+    return out, stale
+
+
+def _remember(settings: Settings, task_type: str, versions: Mapping[str, int | None],
+              read: Mapping[str, NodeHistory], seen: float) -> None:
+    """Cache histories ``read`` at ``seen`` under the versions they were read at."""
+    if not read:
+        return
+    with _history_lock:
+        for node, history in read.items():
+            key = (settings.database_url, node, task_type)
+            _history[key] = (seen, versions.get(node), history)
+            _history.move_to_end(key)
+        while len(_history) > HISTORY_CACHE_LIMIT:
+            _history.popitem(last=False)
 
 
 def forget_history() -> None:

@@ -30,7 +30,7 @@ Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -46,8 +46,8 @@ from bidding.auction.bid import NodeHistory, compute_bid, refusal_reason
 from bidding.auction.board import Posted, get_board
 from bidding.auction.history import (
     cached_histories,
+    histories_inside,
     history_versions,
-    read_histories,
     with_kin,
 )
 from bidding.config import Settings
@@ -105,10 +105,12 @@ def answers_inside(
     announcement: Announcement,
     nodes: Sequence[LiveNode],
     now: float | None = None,
+    versions: Mapping[str, int | None] | None = None,
 ) -> AnswersInside:
-    """The nodes' answers to ``announcement``, made in the award's transaction: their histories are
-    read there, completing the states (in-flight work, record, failures) the award has just
-    read under its lock."""
+    """The nodes' answers to ``announcement``, made in the award's transaction: their histories
+    complete the states (in-flight work, record, failures) the award has just read under its
+    lock. Their latest outcomes are read there too, except those cached while the nodes'
+    history ``versions`` (on the bid board) hold (``history.histories_inside``)."""
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
@@ -117,8 +119,8 @@ def answers_inside(
     kin = kin_records(settings, announcement.task_type, bidding)
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
-        histories = with_kin(read_histories(
-            session, settings, bidding, announcement.task_type, now, known=known
+        histories = with_kin(histories_inside(
+            session, settings, bidding, announcement.task_type, known, versions or {}, now
         ), kin)
         return answers_of(announcement, profiles, histories, now)
 
@@ -141,6 +143,20 @@ def post_proxy_answers(
     return board.post_many(answers, expected=expected, window=announcement.window)
 
 
+def _versions_if_readable(ctx: Context, nodes: Sequence[LiveNode]) -> dict[str, int | None]:
+    """The nodes' history versions (one round trip to the bid board's Redis, outside the
+    award's transaction): they spare reading again the latest outcomes of the candidates that
+    finished nothing since. None read (every outcome is read in the award) when that Redis
+    does not answer: the award does not need it, and the execution's send copes with an
+    unreachable broker on its own."""
+    try:
+        return history_versions(ctx, [n.name for n in nodes])
+    except Exception as exc:
+        logger.debug("history versions not read (%s): the award reads every candidate's "
+                     "outcomes", exc)
+        return {}
+
+
 def award_by_proxy(
     ctx: Context,
     announcement: Announcement,
@@ -156,10 +172,11 @@ def award_by_proxy(
     them first, from histories cached while the nodes' versions on the bid board hold.
     """
     if decides_at_once(strategy_of(ctx.settings, announcement)):
+        versions = _versions_if_readable(ctx, candidates)
         return award_made_inside(
             ctx.settings,
             announcement,
-            answers_inside(ctx.settings, announcement, candidates),
+            answers_inside(ctx.settings, announcement, candidates, versions=versions),
             candidates=len(candidates),
             opening=opening,
         )

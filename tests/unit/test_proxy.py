@@ -241,3 +241,76 @@ def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving
     # then the judge decided three times, never inside the write transaction, and its pick won
     assert judged_inside == [False, False, False]
     assert won is not None and won.winner == "redfin"
+
+
+def _inside(settings, announcement, nodes, versions):
+    """The answers made inside an award's transaction (its states read there, unlocked)."""
+    inside = answers_inside(settings, announcement, nodes, now=NOW, versions=versions)
+    with read_session(settings.database_url) as session:
+        return inside.make(session, lock_states(
+            session, list(inside.nodes), lock=False, task_type=announcement.task_type,
+            since=NOW - settings.recent_failure_seconds))
+
+
+def test_answers_inside_the_award_reread_only_the_outcomes_of_nodes_whose_version_changed(
+    store_url
+):
+    forget_history()
+    populate(store_url)
+    settings = store_settings(store_url, history_cache_seconds=60)
+    nodes = [live("redfin", ("pdf",)), live("bluefin", ("pdf",))]
+    announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
+    # given an award whose bids were made at history versions 3 and 5
+    first = {a.node: a for a in _inside(settings, announcement, nodes, {"redfin": 3,
+                                                                          "bluefin": 5})}
+    # when both nodes fail a task and take new work, and only redfin's version is raised
+    with write_session(store_url) as session:
+        record(session, [episode("f1", "redfin", "extraction", False, NOW - 1),
+                         episode("f2", "bluefin", "extraction", False, NOW - 1)])
+        session.add_all([announcement_row("n1", lifecycle.ASSIGNED, "bluefin")])
+    second = {a.node: a for a in _inside(settings, announcement, nodes, {"redfin": 4,
+                                                                           "bluefin": 5})}
+    # then redfin's bid counts its new failure, and bluefin's keeps its cached outcomes
+    assert isinstance(second["redfin"], Bid) and isinstance(second["bluefin"], Bid)
+    assert isinstance(first["redfin"], Bid) and isinstance(first["bluefin"], Bid)
+    assert second["redfin"].confidence < first["redfin"].confidence
+    assert second["bluefin"].confidence == first["bluefin"].confidence
+    # and yet both count the work in flight read in this award (never a cached count)
+    assert (first["bluefin"].in_flight, second["bluefin"].in_flight) == (1, 2)
+    # and with no versions (a store board, or the bid board's Redis unreachable) every
+    # node's outcomes are read again: bluefin's failure counts
+    fresh = {a.node: a for a in _inside(settings, announcement, nodes, {})}
+    assert isinstance(fresh["bluefin"], Bid)
+    assert fresh["bluefin"].confidence < first["bluefin"].confidence
+
+
+def test_answers_inside_the_award_with_cached_outcomes_are_the_bids_read_afresh(store_url):
+    forget_history()
+    populate(store_url)
+    settings = store_settings(store_url, history_cache_seconds=60)
+    nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90)]
+    announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
+    versions = {"redfin": 1, "bluefin": 1}
+    # given the outcomes of both nodes cached by an award
+    _inside(settings, announcement, nodes, versions)
+    # when the next award finds both versions unchanged
+    cached = _inside(settings, announcement, nodes, versions)
+    # then its bids are the ones an award reading everything makes
+    assert cached == _inside(settings, announcement, nodes, {})
+
+
+def test_an_unreachable_bid_board_leaves_the_award_to_read_every_outcome(store_url, caplog):
+    from celery import Celery
+
+    from bidding.auction.proxy import _versions_if_readable
+    from bidding.context import Context
+
+    # given a caller whose broker (and so its bid board) is a Redis nobody listens on
+    app = Celery("unreachable", broker="redis://127.0.0.1:1/0")
+    ctx = Context(store_settings(store_url), app)
+    # when its award looks for the candidates' history versions
+    with caplog.at_level("DEBUG", logger="bidding.auction.proxy"):
+        versions = _versions_if_readable(ctx, [live("redfin", ("pdf",))])
+    # then it has none (every candidate's outcomes are read in the award), and says why
+    assert versions == {}
+    assert "history versions not read" in caplog.text
