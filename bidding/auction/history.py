@@ -214,7 +214,7 @@ def read_histories(
 #: and an evicted one only costs its next bid a read of the store.
 HISTORY_CACHE_LIMIT = 2048
 
-_history: OrderedDict[tuple[str, str, str], tuple[float, int | None, NodeHistory]] = (
+_history: OrderedDict[tuple[str, str, str], tuple[float, object, NodeHistory]] = (
     OrderedDict())
 #: Bid threads read and fill the cache at once: an LRU's reordering is not atomic.
 _history_lock = child_safe_lock()
@@ -254,17 +254,20 @@ def cached_histories(settings: Settings, nodes: Sequence[str], task_type: str,
 
 def histories_inside(session: Session, settings: Settings, nodes: Sequence[str],
                      task_type: str, known: Mapping[str, NodeHistory],
-                     versions: Mapping[str, int | None], now: float | None = None
-                     ) -> dict[str, NodeHistory]:
+                     now: float | None = None) -> dict[str, NodeHistory]:
     """``read_histories`` in the award's transaction, with each node's states as ``known``
-    (read under its lock), and its latest outcomes from the cache while its history version
-    holds (``cached_history``): only the nodes that finished an attempt since their outcomes
-    were read (or whose entry is older than ``bidding_history_cache_seconds``) are read.
+    (read under its lock), and its latest outcomes from the cache while its record holds:
+    only the nodes whose record counts another finished attempt since their outcomes were
+    read (or whose entry is older than ``bidding_history_cache_seconds``) are read.
 
     The announcer's proxy bids read every candidate's latest episodes of the type (up to
-    ``episodes_read`` rows each), most of the award's reading at 8 candidates; between two
-    auctions most candidates have finished nothing."""
+    ``episodes_read`` rows each), most of the award's reading at eight candidates; between two
+    auctions most candidates have finished nothing. A node's record (``known``'s attempts,
+    counted with each episode in the episode's own transaction) is read under the award's
+    lock, in its snapshot: it cannot say "unchanged" of outcomes that changed."""
     seen = time.monotonic()
+    versions: dict[str, object] = {
+        name: (_RECORD_VERSION, known[name].attempts) for name in nodes if name in known}
     hits, stale = _cached(settings, nodes, task_type, versions, seen)
     read = read_histories(session, settings, stale, task_type, now, known=known) if stale else {}
     _remember(settings, task_type, versions, read, seen)
@@ -275,8 +278,13 @@ def histories_inside(session: Session, settings: Settings, nodes: Sequence[str],
     return {name: out[name] for name in dict.fromkeys(nodes)}
 
 
+#: Tags the version of an entry cached by ``histories_inside`` (a node's record), so that it
+#: is never taken for a history version on the bid board, or the other way round.
+_RECORD_VERSION = "record"
+
+
 def _cached(settings: Settings, nodes: Sequence[str], task_type: str,
-            versions: Mapping[str, int | None], seen: float
+            versions: Mapping[str, object], seen: float
             ) -> tuple[dict[str, NodeHistory], list[str]]:
     """The cached histories of ``nodes`` still valid at ``seen`` (monotonic), and the nodes
     to read."""
@@ -299,7 +307,7 @@ def _cached(settings: Settings, nodes: Sequence[str], task_type: str,
     return out, stale
 
 
-def _remember(settings: Settings, task_type: str, versions: Mapping[str, int | None],
+def _remember(settings: Settings, task_type: str, versions: Mapping[str, object],
               read: Mapping[str, NodeHistory], seen: float) -> None:
     """Cache histories ``read`` at ``seen`` under the versions they were read at."""
     if not read:

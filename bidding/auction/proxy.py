@@ -30,7 +30,7 @@ Measured in ``bench/latency.py`` (bench/RESULTS.md), against "ask" with the same
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -105,12 +105,11 @@ def answers_inside(
     announcement: Announcement,
     nodes: Sequence[LiveNode],
     now: float | None = None,
-    versions: Mapping[str, int | None] | None = None,
 ) -> AnswersInside:
     """The nodes' answers to ``announcement``, made in the award's transaction: their histories
     complete the states (in-flight work, record, failures) the award has just read under its
     lock. Their latest outcomes are read there too, except those cached while the nodes'
-    history ``versions`` (on the bid board) hold (``history.histories_inside``)."""
+    records (read under that lock) count no attempt more (``history.histories_inside``)."""
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
@@ -120,7 +119,7 @@ def answers_inside(
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
         histories = with_kin(histories_inside(
-            session, settings, bidding, announcement.task_type, known, versions or {}, now
+            session, settings, bidding, announcement.task_type, known, now
         ), kin)
         return answers_of(announcement, profiles, histories, now)
 
@@ -143,20 +142,6 @@ def post_proxy_answers(
     return board.post_many(answers, expected=expected, window=announcement.window)
 
 
-def _versions_if_readable(ctx: Context, nodes: Sequence[LiveNode]) -> dict[str, int | None]:
-    """The nodes' history versions (one round trip to the bid board's Redis, outside the
-    award's transaction): they spare reading again the latest outcomes of the candidates that
-    finished nothing since. None read (every outcome is read in the award) when that Redis
-    does not answer: the award does not need it, and the execution's send copes with an
-    unreachable broker on its own."""
-    try:
-        return history_versions(ctx, [n.name for n in nodes])
-    except Exception as exc:
-        logger.debug("history versions not read (%s): the award reads every candidate's "
-                     "outcomes", exc)
-        return {}
-
-
 def award_by_proxy(
     ctx: Context,
     announcement: Announcement,
@@ -172,11 +157,10 @@ def award_by_proxy(
     them first, from histories cached while the nodes' versions on the bid board hold.
     """
     if decides_at_once(strategy_of(ctx.settings, announcement)):
-        versions = _versions_if_readable(ctx, candidates)
         return award_made_inside(
             ctx.settings,
             announcement,
-            answers_inside(ctx.settings, announcement, candidates, versions=versions),
+            answers_inside(ctx.settings, announcement, candidates),
             candidates=len(candidates),
             opening=opening,
         )

@@ -243,16 +243,17 @@ def test_a_judge_never_decides_under_the_write_lock_even_when_counts_keep_moving
     assert won is not None and won.winner == "redfin"
 
 
-def _inside(settings, announcement, nodes, versions):
+
+def _inside(settings, announcement, nodes):
     """The answers made inside an award's transaction (its states read there, unlocked)."""
-    inside = answers_inside(settings, announcement, nodes, now=NOW, versions=versions)
+    inside = answers_inside(settings, announcement, nodes, now=NOW)
     with read_session(settings.database_url) as session:
         return inside.make(session, lock_states(
             session, list(inside.nodes), lock=False, task_type=announcement.task_type,
             since=NOW - settings.recent_failure_seconds))
 
 
-def test_answers_inside_the_award_reread_only_the_outcomes_of_nodes_whose_version_changed(
+def test_answers_inside_the_award_reread_only_the_outcomes_of_nodes_whose_record_grew(
     store_url
 ):
     forget_history()
@@ -260,57 +261,39 @@ def test_answers_inside_the_award_reread_only_the_outcomes_of_nodes_whose_versio
     settings = store_settings(store_url, history_cache_seconds=60)
     nodes = [live("redfin", ("pdf",)), live("bluefin", ("pdf",))]
     announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
-    # given an award whose bids were made at history versions 3 and 5
-    first = {a.node: a for a in _inside(settings, announcement, nodes, {"redfin": 3,
-                                                                          "bluefin": 5})}
-    # when both nodes fail a task and take new work, and only redfin's version is raised
+    # given an award's bids, made from both nodes' outcomes
+    first = {a.node: a for a in _inside(settings, announcement, nodes)}
+    # when redfin finishes a failed attempt (its record counts it), bluefin takes new work,
+    # and a failure of bluefin's is in the store that its record does not count (so only
+    # a read of its episodes would find it)
     with write_session(store_url) as session:
-        record(session, [episode("f1", "redfin", "extraction", False, NOW - 1),
-                         episode("f2", "bluefin", "extraction", False, NOW - 1)])
-        session.add_all([announcement_row("n1", lifecycle.ASSIGNED, "bluefin")])
-    second = {a.node: a for a in _inside(settings, announcement, nodes, {"redfin": 4,
-                                                                           "bluefin": 5})}
+        record(session, [episode("f1", "redfin", "extraction", False, NOW - 1)])
+        session.add_all([episode("f2", "bluefin", "extraction", False, NOW - 1),
+                         announcement_row("n1", lifecycle.ASSIGNED, "bluefin")])
+    second = {a.node: a for a in _inside(settings, announcement, nodes)}
     # then redfin's bid counts its new failure, and bluefin's keeps its cached outcomes
-    assert isinstance(second["redfin"], Bid) and isinstance(second["bluefin"], Bid)
-    assert isinstance(first["redfin"], Bid) and isinstance(first["bluefin"], Bid)
+    assert all(isinstance(a, Bid) for a in (*first.values(), *second.values()))
     assert second["redfin"].confidence < first["redfin"].confidence
     assert second["bluefin"].confidence == first["bluefin"].confidence
     # and yet both count the work in flight read in this award (never a cached count)
     assert (first["bluefin"].in_flight, second["bluefin"].in_flight) == (1, 2)
-    # and with no versions (a store board, or the bid board's Redis unreachable) every
-    # node's outcomes are read again: bluefin's failure counts
-    fresh = {a.node: a for a in _inside(settings, announcement, nodes, {})}
-    assert isinstance(fresh["bluefin"], Bid)
+    # and once the cached outcomes are too old, bluefin's are read again
+    forget_history()
+    fresh = {a.node: a for a in _inside(settings, announcement, nodes)}
     assert fresh["bluefin"].confidence < first["bluefin"].confidence
 
 
-def test_answers_inside_the_award_with_cached_outcomes_are_the_bids_read_afresh(store_url):
+def test_answers_inside_the_award_from_cached_outcomes_are_the_bids_read_afresh(store_url):
     forget_history()
     populate(store_url)
     settings = store_settings(store_url, history_cache_seconds=60)
     nodes = [live("redfin", ("pdf", "nlp")), live("bluefin", ("pdf",), trust=90)]
     announcement = make_rfp(task_type="extraction", required_skills=["pdf"])
-    versions = {"redfin": 1, "bluefin": 1}
     # given the outcomes of both nodes cached by an award
-    _inside(settings, announcement, nodes, versions)
-    # when the next award finds both versions unchanged
-    cached = _inside(settings, announcement, nodes, versions)
+    read = _inside(settings, announcement, nodes)
+    # when the next award finds both records unchanged
+    cached = _inside(settings, announcement, nodes)
     # then its bids are the ones an award reading everything makes
-    assert cached == _inside(settings, announcement, nodes, {})
-
-
-def test_an_unreachable_bid_board_leaves_the_award_to_read_every_outcome(store_url, caplog):
-    from celery import Celery
-
-    from bidding.auction.proxy import _versions_if_readable
-    from bidding.context import Context
-
-    # given a caller whose broker (and so its bid board) is a Redis nobody listens on
-    app = Celery("unreachable", broker="redis://127.0.0.1:1/0")
-    ctx = Context(store_settings(store_url), app)
-    # when its award looks for the candidates' history versions
-    with caplog.at_level("DEBUG", logger="bidding.auction.proxy"):
-        versions = _versions_if_readable(ctx, [live("redfin", ("pdf",))])
-    # then it has none (every candidate's outcomes are read in the award), and says why
-    assert versions == {}
-    assert "history versions not read" in caplog.text
+    assert cached == read
+    forget_history()
+    assert cached == _inside(settings, announcement, nodes)
