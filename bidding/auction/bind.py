@@ -51,6 +51,8 @@ _OPEN = (
     select(AnnouncementRow.state, AnnouncementRow.attempt)
     .where(AnnouncementRow.task_id == bindparam("task_id"))
 )
+#: The same, locking the row (PostgreSQL); built once, as every statement on this path.
+_OPEN_LOCKED = _OPEN.with_for_update()
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def _bind_once(job: AwardJob, decided: Decided | None, made: list[Award]) -> Awa
         if job.opening is None:
             # (A row ``opening`` has just written is open, at this attempt.)
             current = core(session).execute(
-                _OPEN if sqlite else _OPEN.with_for_update(),
+                _OPEN if sqlite else _OPEN_LOCKED,
                 {"task_id": announcement.task_id}).one_or_none()
             if current is None:
                 return Unbound.NOT_YET  # announced, and its row not committed yet

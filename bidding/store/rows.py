@@ -41,7 +41,7 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
     elif returning:
         result = conn.execute(_returning(table, tuple(returning)), list(rows))
     else:
-        conn.execute(insert(table), list(rows))
+        conn.execute(_insert(table), list(rows))
         return []
     return list(result.all()) if returning else []
 
@@ -114,6 +114,12 @@ def _from_json(table: Table, columns: tuple[str, ...], returning: tuple[str, ...
     if returning:
         sql += " RETURNING " + ", ".join(returning)
     return sql
+
+
+@lru_cache(maxsize=64)
+def _insert(table: Table) -> Insert:
+    # Built once: a new statement is traversed for its cache key on every execution.
+    return insert(table)
 
 
 @lru_cache(maxsize=64)
