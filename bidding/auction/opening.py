@@ -4,6 +4,7 @@ values."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import Table, insert
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement
+from bidding.store.direct import DirectInsert
 from bidding.store.engine import core
 from bidding.store.once import insert_once
 from bidding.store.schema import AnnouncementRow, Tag
@@ -60,6 +62,12 @@ _ANNOUNCEMENTS = cast(Table, AnnouncementRow.__table__)
 _INSERT_ANNOUNCEMENT = insert(_ANNOUNCEMENTS)
 
 
+@lru_cache(maxsize=8)
+def _direct_new(columns: tuple[str, ...]) -> DirectInsert | None:
+    """A new announcement's INSERT on SQLite's cursor (``store.direct``)."""
+    return DirectInsert.of(_ANNOUNCEMENTS, columns)
+
+
 def record_new(
     session: Session, announcement: Announcement, candidates: list[str], *, once: bool = False
 ) -> bool:
@@ -71,8 +79,14 @@ def record_new(
         if not insert_once(session, _ANNOUNCEMENTS, values, report=True):
             return False
     else:
-        # Core statements: the caller's path is the hottest in a burst.
-        core(session).execute(_INSERT_ANNOUNCEMENT, values)
+        # Core statements (on SQLite, on the driver's cursor): the caller's path is the
+        # hottest in a burst.
+        conn = core(session)
+        direct = _direct_new(tuple(values)) if conn.dialect.name == "sqlite" else None
+        if direct is not None:
+            direct.run(conn, values)
+        else:
+            conn.execute(_INSERT_ANNOUNCEMENT, values)
     write_tags(session, announcement)
     journal.write(
         session,

@@ -33,10 +33,12 @@ from sqlalchemy import (
     union_all,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.lifecycle import journal, parking, states
+from bidding.store.direct import Direct
 from bidding.store.engine import core
 from bidding.store.schema import AnnouncementRow
 
@@ -127,7 +129,10 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
     stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
     first = steps[0]
     conn = core(session)
-    result = cast(CursorResult[Any], conn.execute(stmt, params))
+    direct = _direct(stmt, conn.dialect.name)
+    result = (direct.run(conn, params) if direct is not None
+              else cast(CursorResult[Any], conn.execute(stmt, params)))
+    row: Sequence[Any] | None
     if with_returning:
         row = result.one_or_none()
         moved = row is not None
@@ -262,6 +267,18 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expe
                                         node=step.log.node or expect.node,
                                         attempt=attempt or 1, at=at, **(step.log.detail or {})))
     return _Prepared(stmt, params, with_returning, messages, at)
+
+
+@lru_cache(maxsize=256)
+def _direct(stmt: Update, dialect: str) -> Direct | None:
+    """``stmt`` on SQLite's cursor (``store.direct``), one per cached UPDATE; None where it
+    cannot run so (another store, or several source states: an IN SQLAlchemy expands)."""
+    return Direct(stmt) if Direct.runs(stmt, _DIALECTS[dialect]) else None
+
+
+#: The dialects ``_direct`` compiles for (only SQLite's statements run directly).
+_DIALECTS: Final = {"sqlite": sqlite.dialect(),
+                     "postgresql": postgresql.dialect()}  # type: ignore[no-untyped-call]
 
 
 @lru_cache(maxsize=256)

@@ -7,6 +7,7 @@ execution, or a sweeper racing the node, must not charge or count it twice.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any, Final
 
 from sqlalchemy import Executable, Table, insert
@@ -15,6 +16,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from bidding.store.direct import DirectInsert
 from bidding.store.engine import core
 
 
@@ -23,6 +25,11 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
     """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already).
     With ``report``, say whether it was inserted (else True)."""
     dialect = session.get_bind().dialect.name
+    if dialect == "sqlite":
+        direct = _direct_once(table, tuple(values), report)
+        if direct is not None:
+            stored = direct.run(core(session), values)
+            return bool(stored.rows) if report else True
     key = (dialect, table.name, report)
     stmt = _INSERT_ONCE.get(key)
     if stmt is None and dialect in _ON_CONFLICT:
@@ -54,3 +61,11 @@ _ON_CONFLICT: Final[dict[str, Callable[[Table], Any]]] = {
 
 
 _INSERT_ONCE: dict[tuple[str, str, bool], Executable] = {}
+
+
+@lru_cache(maxsize=64)
+def _direct_once(table: Table, columns: tuple[str, ...], report: bool) -> DirectInsert | None:
+    """SQLite's INSERT ... ON CONFLICT DO NOTHING of ``columns`` on the driver's cursor
+    (``store.direct``), RETURNING the key with ``report``; None where it cannot run so."""
+    return DirectInsert.of(table, columns, conflict_skipped=True,
+                           returning=[c.name for c in table.primary_key.columns] if report else ())

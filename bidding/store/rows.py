@@ -22,6 +22,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from bidding.store.direct import DirectInsert
 from bidding.store.engine import core
 
 _POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -41,7 +42,12 @@ def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
     elif returning:
         result = conn.execute(_returning(table, tuple(returning)), list(rows))
     else:
-        conn.execute(_insert(table), list(rows))
+        direct = (_direct_insert(table, tuple(rows[0])) if conn.dialect.name == "sqlite"
+                  else None)
+        if direct is not None:
+            direct.run_many(conn, rows)
+        else:
+            conn.execute(_insert(table), list(rows))
         return []
     return list(result.all()) if returning else []
 
@@ -120,6 +126,13 @@ def _from_json(table: Table, columns: tuple[str, ...], returning: tuple[str, ...
 def _insert(table: Table) -> Insert:
     # Built once: a new statement is traversed for its cache key on every execution.
     return insert(table)
+
+
+@lru_cache(maxsize=64)
+def _direct_insert(table: Table, columns: tuple[str, ...]) -> DirectInsert | None:
+    """The INSERT of ``columns`` on SQLite's cursor (``store.direct``), or None when a column
+    left out has a default only SQLAlchemy's execution can compute."""
+    return DirectInsert.of(table, columns)
 
 
 @lru_cache(maxsize=64)
