@@ -55,9 +55,7 @@ _TYPED = {"postgresql": _adding_to_record(postgresql_insert(_RECORDS)),
           "sqlite": _adding_to_record(sqlite_insert(_RECORDS))}
 #: SQLite's, on the driver's cursor (``store.direct``): an attempt's completion runs them.
 _DIRECT_RECORD: Final = Direct(_RECORD)
-_DIRECT_TYPED: Final = Direct(_TYPED["sqlite"].values(
-    {c: bindparam(c, type_=_RECORDS.c[c].type)
-     for c in ("node", "task_type", "attempts", "successes")}))
+_DIRECT_TYPED: Final = Direct(_TYPED["sqlite"])
 
 
 def count_episode(session: Session, node: str, success: bool, task_type: str | None = None,

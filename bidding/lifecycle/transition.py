@@ -33,7 +33,6 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from bidding import clock
@@ -129,7 +128,7 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
     stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
     first = steps[0]
     conn = core(session)
-    direct = _direct(stmt, conn.dialect.name)
+    direct = _direct(stmt) if conn.dialect.name == "sqlite" else None
     result = (direct.run(conn, params) if direct is not None
               else cast(CursorResult[Any], conn.execute(stmt, params)))
     row: Sequence[Any] | None
@@ -270,15 +269,10 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expe
 
 
 @lru_cache(maxsize=256)
-def _direct(stmt: Update, dialect: str) -> Direct | None:
+def _direct(stmt: Update) -> Direct | None:
     """``stmt`` on SQLite's cursor (``store.direct``), one per cached UPDATE; None where it
-    cannot run so (another store, or several source states: an IN SQLAlchemy expands)."""
-    return Direct(stmt) if Direct.runs(stmt, _DIALECTS[dialect]) else None
-
-
-#: The dialects ``_direct`` compiles for (only SQLite's statements run directly).
-_DIALECTS: Final = {"sqlite": sqlite.dialect(),
-                     "postgresql": postgresql.dialect()}  # type: ignore[no-untyped-call]
+    cannot run so (several source states: an IN SQLAlchemy expands)."""
+    return Direct.for_sqlite(stmt)
 
 
 @lru_cache(maxsize=256)

@@ -54,6 +54,11 @@ class Direct:
         self.statement = statement
         self._compiled: _Compiled | None = None
 
+    @classmethod
+    def for_sqlite(cls, statement: ClauseElement) -> Direct | None:
+        """A ``Direct`` of ``statement``, or None when it cannot run directly (``runs``)."""
+        return cls(statement) if cls.runs(statement, _SQLITE_DIALECT) else None
+
     @staticmethod
     def runs(statement: ClauseElement, dialect: Dialect) -> bool:
         """Whether ``statement`` can run directly on ``dialect``: SQLite, parameters that
@@ -192,7 +197,7 @@ class DirectInsert:
             stmt = stmt.on_conflict_do_nothing()
         if returning:
             stmt = stmt.returning(*(table.c[name] for name in returning))
-        self.direct = Direct(stmt)
+        self.direct = Direct.for_sqlite(stmt)
 
     @classmethod
     def of(cls, table: Table, columns: Sequence[str], conflict_skipped: bool = False,
@@ -202,7 +207,7 @@ class DirectInsert:
         if defaults is None:
             return None
         made = cls(table, columns, defaults, conflict_skipped, returning)
-        return made if Direct.runs(made.direct.statement, _SQLITE_DIALECT) else None
+        return made if made.direct is not None else None
 
     def _filled(self, row: Mapping[str, Any]) -> Mapping[str, Any]:
         if not self.defaults:
@@ -211,8 +216,10 @@ class DirectInsert:
 
     def run(self, conn: Connection, row: Mapping[str, Any]) -> Result:
         """INSERT one row."""
+        assert self.direct is not None  # (``of`` makes none without one)
         return self.direct.run(conn, self._filled(row))
 
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """INSERT ``rows`` (the driver's executemany)."""
+        assert self.direct is not None
         self.direct.run_many(conn, [self._filled(row) for row in rows])

@@ -140,7 +140,7 @@ def test_a_direct_insert_fills_the_columns_left_out_as_sqlalchemy_does(store_url
 
 
 def test_the_auctions_statements_on_sqlite_run_on_its_cursor() -> None:
-    from sqlalchemy.dialects import sqlite
+    from sqlalchemy.dialects import postgresql, sqlite
 
     from bidding.auction.opening import _direct_new
     from bidding.execution.episodes import _DIRECT_RECORD, _DIRECT_TYPED, _episode_with_claims
@@ -159,7 +159,7 @@ def test_the_auctions_statements_on_sqlite_run_on_its_cursor() -> None:
     message = journal.message("t", journal.ANNOUNCED, at=1.0)
     # then a task's transition, its new row, its messages, an insert-once, an episode and the
     # node's records each run directly
-    assert _direct(begin, "sqlite") is not None
+    assert _direct(begin) is not None
     assert _direct_new(tuple(new)) is not None
     assert _direct_insert(journal.MESSAGES, tuple(message)) is not None
     assert _direct_once(_TABLE, tuple(new), True) is not None
@@ -167,4 +167,6 @@ def test_the_auctions_statements_on_sqlite_run_on_its_cursor() -> None:
         assert Direct.runs(statement.statement, dialect)
     # and a transition from several states (an IN SQLAlchemy expands) does not
     several = _update(("ASSIGNED", "EXECUTING"), "FAILED", (True, True, False), (), (), ())
-    assert _direct(several, "sqlite") is None and _direct(begin, "postgresql") is None
+    assert _direct(several) is None
+    # and nothing runs directly on PostgreSQL
+    assert not Direct.runs(begin, postgresql.dialect())
