@@ -213,9 +213,10 @@ def write_award(session: Session, settings: Settings, announcement: Announcement
             [a for a in answers if isinstance(a, Bid)], now_counts)}
         rows = [scored_values(fresh.get(a.node, a) if isinstance(a, Bid) else a,
                               by_node, award.winner) for a in answers]
-        for inserted in insert_rows(session, _BIDS, rows, returning=("id", "is_winner")):
-            if inserted.is_winner:
-                counted["winning_bid_id"] = inserted.id
+        for bid_id, is_winner in insert_rows(session, _BIDS, rows,
+                                             returning=("id", "is_winner")):
+            if is_winner:
+                counted["winning_bid_id"] = bid_id
     winner_score = by_node[award.winner].total if award.winner in by_node else None
     # The task's estimated cost is the winning bid's (AITP ``estimated_cost``); the answers
     # decided on are in hand whether or not the board wrote them already.

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, cast
 
-from sqlalchemy import Table, insert
+from sqlalchemy import Dialect, Table, insert
 from sqlalchemy.orm import Session
 
 from bidding.lifecycle import journal, states
@@ -63,9 +63,9 @@ _INSERT_ANNOUNCEMENT = insert(_ANNOUNCEMENTS)
 
 
 @lru_cache(maxsize=8)
-def _direct_new(columns: tuple[str, ...]) -> DirectInsert | None:
-    """A new announcement's INSERT on SQLite's cursor (``store.direct``)."""
-    return DirectInsert.of(_ANNOUNCEMENTS, columns)
+def _direct_new(columns: tuple[str, ...], dialect: Dialect) -> DirectInsert | None:
+    """A new announcement's INSERT on the driver's cursor (``store.direct``)."""
+    return DirectInsert.of(_ANNOUNCEMENTS, columns, dialect)
 
 
 def record_new(
@@ -79,10 +79,9 @@ def record_new(
         if not insert_once(session, _ANNOUNCEMENTS, values, report=True):
             return False
     else:
-        # Core statements (on SQLite, on the driver's cursor): the caller's path is the
-        # hottest in a burst.
+        # On the driver's cursor: the caller's path is the hottest in a burst.
         conn = core(session)
-        direct = _direct_new(tuple(values)) if conn.dialect.name == "sqlite" else None
+        direct = _direct_new(tuple(values), conn.dialect)
         if direct is not None:
             direct.run(conn, values)
         else:

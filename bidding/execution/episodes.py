@@ -11,6 +11,7 @@ from functools import cache
 from typing import Any, Final, cast
 
 from sqlalchemy import (
+    Insert,
     Integer,
     ScalarSelect,
     Table,
@@ -27,7 +28,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
-from bidding.store.direct import Direct
+from bidding.store.direct import execute
 from bidding.store.engine import core
 from bidding.store.once import insert_once
 from bidding.store.schema import BidRow, Episode, LedgerEntry, Node, NodeRecord
@@ -51,11 +52,10 @@ def _adding_to_record(stmt: Any) -> Any:
               "successes": _RECORDS.c.successes + stmt.excluded.successes})
 
 
-_TYPED = {"postgresql": _adding_to_record(postgresql_insert(_RECORDS)),
-          "sqlite": _adding_to_record(sqlite_insert(_RECORDS))}
-#: SQLite's, on the driver's cursor (``store.direct``): an attempt's completion runs them.
-_DIRECT_RECORD: Final = Direct(_RECORD)
-_DIRECT_TYPED: Final = Direct(_TYPED["sqlite"])
+_RECORD_COLUMNS: Final = {name: bindparam(name, type_=_RECORDS.c[name].type)
+                          for name in ("node", "task_type", "attempts", "successes")}
+_TYPED = {"postgresql": _adding_to_record(postgresql_insert(_RECORDS).values(_RECORD_COLUMNS)),
+          "sqlite": _adding_to_record(sqlite_insert(_RECORDS).values(_RECORD_COLUMNS))}
 
 
 def count_episode(session: Session, node: str, success: bool, task_type: str | None = None,
@@ -63,18 +63,11 @@ def count_episode(session: Session, node: str, success: bool, task_type: str | N
     """Add one finished attempt to ``node``'s record, and (``task_type`` given, the attempt
     not lost with its worker) to its record on that type (call once per new episode row)."""
     conn = core(session)
-    sqlite = conn.dialect.name == "sqlite"
-    record = {"node": node, "won": int(success)}
-    if sqlite:
-        _DIRECT_RECORD.run(conn, record)
-    else:
-        conn.execute(_RECORD, record)
+    # On the driver's cursor (``store.direct``): an attempt's completion runs them.
+    execute(conn, _RECORD, {"node": node, "won": int(success)})
     if task_type is not None and not lost:
         typed = {"node": node, "task_type": task_type, "attempts": 1, "successes": int(success)}
-        if sqlite:
-            _DIRECT_TYPED.run(conn, typed)
-        else:
-            conn.execute(_TYPED[conn.dialect.name], typed)
+        execute(conn, _TYPED[conn.dialect.name], typed)
 
 
 def record_episode(session: Session, values: dict[str, Any]) -> None:
@@ -125,8 +118,8 @@ def record_attempt(session: Session, charge: dict[str, Any] | None,
             insert_once(session, _LEDGER, charge)
         # The episode and the bid's claims copied into it in one statement, stored once.
         episode = {**_DEFAULTS[_EPISODES.name], **episode}
-        stored = _episode_with_claims(tuple(episode)).run(
-            core(session), {f"e_{k}": v for k, v in episode.items()}).one_or_none()
+        stored = execute(core(session), _episode_with_claims(tuple(episode)),
+                         {f"e_{k}": v for k, v in episode.items()}).one_or_none()
         if stored is not None:
             count_episode(session, episode["node"], bool(episode["success"]),
                           episode["task_type"], bool(episode.get("lost", False)))
@@ -143,7 +136,7 @@ def record_attempt(session: Session, charge: dict[str, Any] | None,
     if charge is not None:
         charge = {**_DEFAULTS[_LEDGER.name], **charge}
         params.update({f"l_{k}": v for k, v in charge.items()})
-    core(session).execute(_record_attempt(tuple(episode), tuple(charge or ())), params)
+    execute(core(session), _record_attempt(tuple(episode), tuple(charge or ())), params)
 
 
 def _scalar_defaults(table: Table) -> dict[str, Any]:
@@ -155,7 +148,7 @@ _DEFAULTS: Final = {t.name: _scalar_defaults(t) for t in (_EPISODES, _LEDGER)}
 
 
 @cache
-def _episode_with_claims(episode: tuple[str, ...]) -> Direct:
+def _episode_with_claims(episode: tuple[str, ...]) -> Insert:
     """SQLite's ``INSERT INTO episodes SELECT <the episode>, <the bid's claims> ON CONFLICT DO
     NOTHING RETURNING id``: the claims need no read of their own, and the key comes back only
     when the episode is new (a redelivery, or a sweep racing the node, keeps the first)."""
@@ -164,12 +157,11 @@ def _episode_with_claims(episode: tuple[str, ...]) -> Direct:
                for name, column in CLAIMS.items() if name not in episode}
     given = select(*(bindparam(f"e_{c}", type_=_EPISODES.c[c].type).label(c) for c in episode),
                    *(value.label(name) for name, value in claimed.items()))
-    # SQLite reads "ON CONFLICT" after a SELECT without a WHERE as a join's ON. On the
-    # driver's cursor (``store.direct``).
-    return Direct(sqlite_insert(_EPISODES)
-                  .from_select([*episode, *claimed], given.where(true()))
-                  .on_conflict_do_nothing()
-                  .returning(*_EPISODES.primary_key.columns))
+    # SQLite reads "ON CONFLICT" after a SELECT without a WHERE as a join's ON.
+    return (sqlite_insert(_EPISODES)
+            .from_select([*episode, *claimed], given.where(true()))
+            .on_conflict_do_nothing()
+            .returning(*_EPISODES.primary_key.columns))
 
 
 @cache

@@ -22,7 +22,6 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     ColumnElement,
-    CursorResult,
     Select,
     Table,
     Update,
@@ -37,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from bidding import clock
 from bidding.lifecycle import journal, parking, states
-from bidding.store.direct import Direct
+from bidding.store.direct import execute
 from bidding.store.engine import core
 from bidding.store.schema import AnnouncementRow
 
@@ -128,9 +127,7 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
     stmt, params, with_returning = prepared.stmt, prepared.params, prepared.with_returning
     first = steps[0]
     conn = core(session)
-    direct = _direct(stmt) if conn.dialect.name == "sqlite" else None
-    result = (direct.run(conn, params) if direct is not None
-              else cast(CursorResult[Any], conn.execute(stmt, params)))
+    result = execute(conn, stmt, params)  # (on the driver's cursor where it can)
     row: Sequence[Any] | None
     if with_returning:
         row = result.one_or_none()
@@ -182,7 +179,7 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
     params = dict(prepared.params)
     for n, message in enumerate(prepared.messages):
         params.update({f"m{n}_{name}": value for name, value in message.items()})
-    row = core(session).execute(stmt, params).one_or_none()
+    row = execute(core(session), stmt, params).one_or_none()
     if row is None:
         return None
     return Outcome(True, row if returning else None)
@@ -266,13 +263,6 @@ def _prepare(session: Session, task_id: str, steps: Sequence[Step], expect: Expe
                                         node=step.log.node or expect.node,
                                         attempt=attempt or 1, at=at, **(step.log.detail or {})))
     return _Prepared(stmt, params, with_returning, messages, at)
-
-
-@lru_cache(maxsize=256)
-def _direct(stmt: Update) -> Direct | None:
-    """``stmt`` on SQLite's cursor (``store.direct``), one per cached UPDATE; None where it
-    cannot run so (several source states: an IN SQLAlchemy expands)."""
-    return Direct.for_sqlite(stmt)
 
 
 @lru_cache(maxsize=256)

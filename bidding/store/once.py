@@ -10,7 +10,7 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any, Final
 
-from sqlalchemy import Executable, Table, insert
+from sqlalchemy import Dialect, Executable, Table, insert
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
@@ -24,12 +24,12 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
                  report: bool = False) -> bool:
     """INSERT a row unless it breaks a unique index (an earlier delivery wrote it already).
     With ``report``, say whether it was inserted (else True)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "sqlite":
-        direct = _direct_once(table, tuple(values), report)
-        if direct is not None:
-            stored = direct.run(core(session), values)
-            return bool(stored.rows) if report else True
+    conn = core(session)
+    dialect = conn.dialect.name
+    direct = _direct_once(table, tuple(values), report, conn.dialect)
+    if direct is not None:
+        stored = direct.run(conn, values)
+        return bool(stored.rows) if report else True
     key = (dialect, table.name, report)
     stmt = _INSERT_ONCE.get(key)
     if stmt is None and dialect in _ON_CONFLICT:
@@ -38,7 +38,7 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
             stmt = stmt.returning(*table.primary_key.columns)
         _INSERT_ONCE[key] = stmt
     if stmt is not None:
-        result = core(session).execute(stmt, values)
+        result = conn.execute(stmt, values)
         return result.first() is not None if report else True
     try:  # another database: a savepoint, rolled back on the duplicate
         with session.begin_nested():
@@ -64,8 +64,9 @@ _INSERT_ONCE: dict[tuple[str, str, bool], Executable] = {}
 
 
 @lru_cache(maxsize=64)
-def _direct_once(table: Table, columns: tuple[str, ...], report: bool) -> DirectInsert | None:
-    """SQLite's INSERT ... ON CONFLICT DO NOTHING of ``columns`` on the driver's cursor
+def _direct_once(table: Table, columns: tuple[str, ...], report: bool,
+                 dialect: Dialect) -> DirectInsert | None:
+    """The INSERT ... ON CONFLICT DO NOTHING of ``columns`` on the driver's cursor
     (``store.direct``), RETURNING the key with ``report``; None where it cannot run so."""
-    return DirectInsert.of(table, columns, conflict_skipped=True,
+    return DirectInsert.of(table, columns, dialect, conflict_skipped=True,
                            returning=[c.name for c in table.primary_key.columns] if report else ())

@@ -17,33 +17,35 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Insert, Row, Table, insert
+from sqlalchemy import Dialect, Insert, Table, insert
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from bidding.store.direct import DirectInsert
+from bidding.store.direct import DirectInsert, on_cursor
 from bidding.store.engine import core
 
 _POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
 def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
-                returning: Sequence[str] = ()) -> list[Row[Any]]:
+                returning: Sequence[str] = ()) -> Sequence[Sequence[Any]]:
     """INSERT ``rows`` (dicts with the same keys, JSON values) into ``table`` in the session's
     transaction, in one statement and in their order (an autoincrement key counts up in it);
-    the ``returning`` columns of the new rows (match them up by a key column)."""
+    the ``returning`` columns of the new rows, in that order (match them up by a key column)."""
     if not rows:
         return []
     conn = core(session)
     if conn.dialect.name == "postgresql":
+        # The driver's SQL on its cursor (``store.direct``): no SQLAlchemy execution around it.
         sql = _from_json(table, tuple(rows[0]), tuple(returning))
-        result = conn.exec_driver_sql(sql, {"rows": json.dumps(list(rows))})
-    elif returning:
+        found, _, _ = on_cursor(conn, sql, {"rows": json.dumps(list(rows))},
+                             fetch=bool(returning))
+        return found
+    if returning:
         result = conn.execute(_returning(table, tuple(returning)), list(rows))
     else:
-        direct = (_direct_insert(table, tuple(rows[0])) if conn.dialect.name == "sqlite"
-                  else None)
+        direct = _direct_insert(table, tuple(rows[0]), conn.dialect)
         if direct is not None:
             direct.run_many(conn, rows)
         else:
@@ -129,10 +131,11 @@ def _insert(table: Table) -> Insert:
 
 
 @lru_cache(maxsize=64)
-def _direct_insert(table: Table, columns: tuple[str, ...]) -> DirectInsert | None:
-    """The INSERT of ``columns`` on SQLite's cursor (``store.direct``), or None when a column
-    left out has a default only SQLAlchemy's execution can compute."""
-    return DirectInsert.of(table, columns)
+def _direct_insert(table: Table, columns: tuple[str, ...],
+                   dialect: Dialect) -> DirectInsert | None:
+    """The INSERT of ``columns`` on the driver's cursor (``store.direct``), or None when a
+    column left out has a default only SQLAlchemy's execution can compute."""
+    return DirectInsert.of(table, columns, dialect)
 
 
 @lru_cache(maxsize=64)

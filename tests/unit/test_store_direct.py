@@ -1,20 +1,22 @@
-"""Statements run on SQLite's cursor (``store.direct``): the same rows, values, events and
-errors as SQLAlchemy's execution of them."""
+"""Statements run on the driver's cursor (``store.direct``), SQLite's and psycopg's: the same
+rows, values, events and errors as SQLAlchemy's execution of them."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, event, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import bindparam, create_engine, event, select, text, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 
 from bidding.auction.opening import row_values
 from bidding.lifecycle import states
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
 from bidding.store.direct import Direct
-from bidding.store.engine import core, get_engine
+from bidding.store.engine import core, get_engine, normalize_url
 from bidding.store.rows import insert_rows
 from bidding.store.schema import AnnouncementRow
 from tests.unit.conftest import postgres_database
@@ -30,9 +32,23 @@ def _announced(url: str, task_id: str) -> None:
             states.ASSIGNED, ["north"])))
 
 
+@contextmanager
+def _store(kind: str, sqlite_url: str) -> Iterator[str]:
+    if kind == "sqlite":
+        yield sqlite_url
+    else:
+        with postgres_database() as url:
+            yield url
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_an_update_returns_its_rows_decoded_and_fires_the_engines_events(
-        store_url: str) -> None:
-    sqlite_url = store_url
+        store_url: str, kind: str) -> None:
+    with _store(kind, store_url) as url:
+        _an_update_returns_its_rows(url)
+
+
+def _an_update_returns_its_rows(sqlite_url: str) -> None:
     # given an assigned task, and a listener on the engine's cursor events
     _announced(sqlite_url, "t1")
     seen: list[tuple[str, str]] = []
@@ -90,12 +106,41 @@ def test_only_sqlite_and_plain_parameters_run_directly(store_url: str) -> None:
     plain = Direct(select(_TABLE.c.task_id).where(_TABLE.c.task_id == bindparam("t")))
     # when each is run where it cannot be, then it is refused, saying why
     assert not Direct.runs(expanding.statement, get_engine(sqlite_url).dialect)
-    with write_session(sqlite_url) as session, pytest.raises(ValueError, match="positional"):
+    with write_session(sqlite_url) as session, pytest.raises(ValueError, match="plain"):
         expanding.run(core(session), {"ids": ["t1"]})
     assert Direct.runs(plain.statement, get_engine(sqlite_url).dialect)
-    with postgres_database() as postgres_url, read_session(postgres_url) as session, \
-            pytest.raises(ValueError, match="SQLite"):
-        plain.run(core(session), {"t": "t1"})
+    # and on a driver it does not know (psycopg 2), the same
+    from sqlalchemy.dialects.postgresql import psycopg2
+
+    assert not Direct.runs(plain.statement, psycopg2.dialect())
+
+
+def test_on_postgresql_a_connection_lost_under_a_direct_statement_leaves_the_pool() -> None:
+    from bidding.store.outage import retryable
+
+    moved = Direct(update(_TABLE).where(_TABLE.c.task_id == bindparam("t"))
+                   .values(started_at=bindparam("at")))
+    with postgres_database() as url:
+        _announced(url, "t1")
+        # given a transaction whose server session ends before its direct statement runs
+        with pytest.raises(OperationalError) as raised, write_session(url) as session:
+            pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            admin = create_engine(normalize_url(url))
+            with admin.connect() as other:
+                other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+                other.commit()
+            admin.dispose()
+            moved.run(core(session), {"t": "t1", "at": 5.0})
+        # then the error is SQLAlchemy's for a lost connection, which the writes that must not
+        # fail wait out (store.outage)
+        assert raised.value.connection_invalidated
+        assert retryable(url, raised.value)
+        # and the next transaction runs on a new server session, the statement with it
+        with write_session(url) as session:
+            assert session.execute(text("SELECT pg_backend_pid()")).scalar_one() != pid
+            assert moved.run(core(session), {"t": "t1", "at": 6.0}).rowcount == 1
+        with read_session(url) as session:
+            assert session.execute(select(_TABLE.c.started_at)).scalar_one() == 6.0
 
 
 def test_every_tables_python_defaults_can_be_filled_without_sqlalchemys_execution() -> None:
@@ -123,7 +168,7 @@ def test_a_direct_insert_fills_the_columns_left_out_as_sqlalchemy_does(store_url
     given = row_values(Announcement(task_id="t2", task_name="t.work", task_type="x",
                                     announced_at=1.0), states.BIDDING, ["north"])
     del given["content"]  # (left out too: filled with its default)
-    direct = DirectInsert.of(_TABLE, tuple(given))
+    direct = DirectInsert.of(_TABLE, tuple(given), get_engine(store_url).dialect)
     assert direct is not None
     with write_session(store_url) as session:
         direct.run(core(session), given)
@@ -139,34 +184,64 @@ def test_a_direct_insert_fills_the_columns_left_out_as_sqlalchemy_does(store_url
     assert rows[0]["progress"] == {} and rows[0]["content"] == "" and rows[0]["bids_received"] == 0
 
 
-def test_the_auctions_statements_on_sqlite_run_on_its_cursor() -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_the_auctions_statements_run_on_the_drivers_cursor(kind: str) -> None:
     from sqlalchemy.dialects import postgresql, sqlite
 
     from bidding.auction.opening import _direct_new
-    from bidding.execution.episodes import _DIRECT_RECORD, _DIRECT_TYPED, _episode_with_claims
+    from bidding.execution.episodes import (
+        _RECORD,
+        _TYPED,
+        CLAIMS,
+        _episode_with_claims,
+        _record_attempt,
+    )
     from bidding.lifecycle import journal
-    from bidding.lifecycle.transition import _direct, _update
+    from bidding.lifecycle.transition import _update, _with_messages
     from bidding.store.once import _direct_once
     from bidding.store.rows import _direct_insert
 
     # given the installed SQLAlchemy (a release that renamed what Direct reads would send
     # these back through its own execution, silently slower: this says so)
-    dialect = sqlite.dialect()
+    dialect = sqlite.dialect() if kind == "sqlite" else postgresql.psycopg.dialect()
     begin = _update(("ASSIGNED",), "EXECUTING", (True, True, False), ("started_at",), (),
                     ("spec",))
     new = row_values(Announcement(task_id="t", task_name="t.w", task_type="x",
                                   announced_at=1.0), states.BIDDING, [])
     message = journal.message("t", journal.ANNOUNCED, at=1.0)
-    # then a task's transition, its new row, its messages, an insert-once, an episode and the
-    # node's records each run directly
-    assert _direct(begin) is not None
-    assert _direct_new(tuple(new)) is not None
-    assert _direct_insert(journal.MESSAGES, tuple(message)) is not None
-    assert _direct_once(_TABLE, tuple(new), True) is not None
-    for statement in (_DIRECT_RECORD, _DIRECT_TYPED, _episode_with_claims(("task_id", "node"))):
-        assert Direct.runs(statement.statement, dialect)
+    # then a task's transition, its new row, its messages, an insert-once and the node's
+    # records each run directly
+    assert Direct.runs(begin, dialect)
+    assert _direct_new(tuple(new), dialect) is not None
+    assert _direct_insert(journal.MESSAGES, tuple(message), dialect) is not None
+    assert _direct_once(_TABLE, tuple(new), True, dialect) is not None
+    assert Direct.runs(_RECORD, dialect) and Direct.runs(_TYPED[kind], dialect)
+    # and the episode: SQLite's with its bid's claims; PostgreSQL's with its ledger entry and
+    # records, and a node's start with its message, each one statement
+    from bidding.store.schema import Episode, LedgerEntry
+
+    every = tuple(c.name for c in Episode.__table__.columns
+                  if c.name != "id" and c.name not in CLAIMS)
+    if kind == "sqlite":
+        assert Direct.runs(_episode_with_claims(every), dialect)
+    else:
+        charge = tuple(c.name for c in LedgerEntry.__table__.columns if c.name != "id")
+        assert Direct.runs(_record_attempt(every, charge), dialect)
+        assert Direct.runs(_with_messages(begin, 1, ("spec",)), dialect)
     # and a transition from several states (an IN SQLAlchemy expands) does not
     several = _update(("ASSIGNED", "EXECUTING"), "FAILED", (True, True, False), (), (), ())
-    assert _direct(several) is None
-    # and nothing runs directly on PostgreSQL
-    assert not Direct.runs(begin, postgresql.dialect())
+    assert not Direct.runs(several, dialect)
+
+
+def test_a_statement_whose_python_defaults_sqlalchemy_computes_does_not_run_directly() -> None:
+    from sqlalchemy import insert
+    from sqlalchemy.dialects import postgresql, sqlite
+
+    from bidding.execution.episodes import _episode_with_claims
+
+    # given INSERTs that leave out columns with Python-side defaults (an episode's skills, a
+    # task's progress), which SQLAlchemy's execution computes for a top-level INSERT
+    partial = _episode_with_claims(("task_id", "attempt", "node", "task_type", "success"))
+    # then they run through SQLAlchemy, which fills those defaults
+    assert not Direct.runs(partial, sqlite.dialect())
+    assert not Direct.runs(insert(_TABLE), postgresql.psycopg.dialect())

@@ -189,8 +189,8 @@ def test_rows_go_in_with_their_ids_returned(settings: Settings) -> None:
     assert len(got) == 250
     with read_session(url) as session:
         stored = {b.id: b for b in session.scalars(select(BidRow))}
-    assert {stored[r.id].node for r in got} == {f"n{i}" for i in range(250)}
-    assert all(stored[r.id].node == r.node for r in got)
+    assert {stored[row_id].node for row_id, _ in got} == {f"n{i}" for i in range(250)}
+    assert all(stored[row_id].node == node for row_id, node in got)
     by_node = {b.node: b for b in stored.values()}
     assert by_node["n2"].is_winner and not by_node["n1"].will_bid
     assert by_node["n7"].payload == {"i": 7} and by_node["n7"].score == pytest.approx(0.7)
