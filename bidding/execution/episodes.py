@@ -28,6 +28,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
+from bidding.lifecycle.transition import Also
 from bidding.store.direct import execute
 from bidding.store.engine import core
 from bidding.store.once import insert_once
@@ -130,13 +131,33 @@ def record_attempt(session: Session, charge: dict[str, Any] | None,
         record_episode(session, {**episode, **claims(session, episode["task_id"],
                                                      episode["attempt"], episode["node"])})
         return
+    execute(core(session), *_recorded(charge, episode))
+
+
+def attempt_writes(charge: dict[str, Any] | None, episode: dict[str, Any]) -> Also:
+    """``record_attempt``'s writes on PostgreSQL (the entry and the episode each once, the
+    node's records counting a new episode), as a part of a larger statement: an attempt's end
+    in one round trip with its transition (``transition.apply_alone``)."""
+    stmt, params = _recorded(charge, episode)
+    return Also(_returning_node(stmt), params)
+
+
+def _recorded(charge: dict[str, Any] | None,
+              episode: dict[str, Any]) -> tuple[Update, dict[str, Any]]:
+    """PostgreSQL's ``record_attempt`` statement, and its parameters."""
     # Every column is given: SQLAlchemy fills Python-side defaults in a top-level INSERT only.
     episode = {**_DEFAULTS[_EPISODES.name], **episode}
     params = {f"e_{k}": v for k, v in episode.items()}
     if charge is not None:
         charge = {**_DEFAULTS[_LEDGER.name], **charge}
         params.update({f"l_{k}": v for k, v in charge.items()})
-    execute(core(session), _record_attempt(tuple(episode), tuple(charge or ())), params)
+    return _record_attempt(tuple(episode), tuple(charge or ())), params
+
+
+@cache
+def _returning_node(stmt: Update) -> Update:
+    # (A WITH's part is a statement with RETURNING.)
+    return stmt.returning(_NODES.c.name)
 
 
 def _scalar_defaults(table: Table) -> dict[str, Any]:

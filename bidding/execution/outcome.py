@@ -20,14 +20,15 @@ from bidding import clock
 from bidding.config import Settings
 from bidding.errors import CostExceededError, OutputValidationError, TaskExpiredError
 from bidding.execution import ledger
-from bidding.execution.episodes import record_attempt
+from bidding.execution.episodes import attempt_writes, record_attempt
 from bidding.execution.report import exception_json, value_json
 from bidding.execution.retry import RetryPlan, error_text, plan_retry
 from bidding.execution.running import Running, Verdict
 from bidding.lifecycle import journal, states
-from bidding.lifecycle.transition import Expect, Log, Step, apply, transition
+from bidding.lifecycle.transition import Expect, Log, Step, apply, apply_alone, transition
 from bidding.models import BUDGET_EPSILON, Announcement, non_json_number
-from bidding.store import read_session, write_session
+from bidding.store import read_session, statement_session, write_session
+from bidding.store.engine import is_sqlite
 from bidding.store.schema import Message
 
 logger = logging.getLogger(__name__)
@@ -37,13 +38,19 @@ def charge_and_record(session: Session, run: Running, *, success: bool, now: flo
                        error: str | None) -> float:
     """Write this attempt's ledger entry and its outcome (each once: a redelivered attempt
     keeps the first); returns its cost."""
+    charge, outcome = _attempt_rows(run, success=success, now=now, error=error)
+    record_attempt(session, charge, outcome)
+    return float(charge["total"])
+
+
+def _attempt_rows(run: Running, *, success: bool, now: float,
+                  error: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """This attempt's ledger entry and episode rows."""
     assert run.announcement is not None
     units = run.announcement.units if run.units is None else run.units
     charge = ledger.entry(task_id=run.task_id, attempt=run.attempt, node=run.node,
                           units=units, price_per_unit=run.price_per_unit, at=now)
-    record_attempt(session, charge, _outcome(run, success=success, now=now,
-                                             cost=charge["total"], error=error))
-    return float(charge["total"])
+    return charge, _outcome(run, success=success, now=now, cost=charge["total"], error=error)
 
 
 def _outcome(run: Running, *, success: bool, now: float, cost: float,
@@ -74,8 +81,10 @@ def episode(
 def complete(settings: Settings, run: Running, result: Any) -> Verdict:
     """The body returned: COMPLETED, then SUCCESS, or FAILED when the budget or schema says so.
 
-    The two transitions are one UPDATE (``transition.apply``), logged as two messages. Tried
-    again on the same ``run`` after its commit landed, it returns the verdict stored then.
+    The two transitions are one UPDATE (``transition.apply``), logged as two messages; on
+    PostgreSQL, without a budget to read, one statement with the ledger's entry, the episode
+    and the node's records (``transition.apply_alone``). Tried again on the same ``run`` after
+    its commit landed, it returns the verdict stored then.
     """
     if run.announcement is None:
         return Verdict()
@@ -96,16 +105,29 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
         # Python's json writes NaN anyway; the store (PostgreSQL refuses it) and every
         # reader after Celery's own (null elsewhere) would not agree on the value.
         invalid = non_json_number(result, "result")
+    charge, outcome = _attempt_rows(run, success=invalid is None, now=now, error=invalid)
+    cost = float(charge["total"])
+    done = Step(
+        states.COMPLETED,
+        Log(journal.TASK_COMPLETED, detail={"cost": cost}),
+        values={"finished_at": now},
+    )
+    held = Expect(attempt=run.attempt, node=run.node)
+    if budget is None and not is_sqlite(settings.database_url):
+        # The usual end in one statement and one round trip: the entry, the episode and the
+        # node's records with the two transitions and their messages (four round trips in a
+        # transaction). Refused (moved on meanwhile), the transaction below finds why.
+        then, verdict = _ending(result, invalid, run.node)
+        with statement_session(settings.database_url) as session:
+            moved = apply_alone(session, run.task_id, (done, then), held, at=now,
+                                also=(attempt_writes(charge, outcome),))
+        if moved is not None:
+            return verdict
     over: tuple[float, float] | None = None
     with write_session(settings.database_url) as session:
-        cost = charge_and_record(session, run, success=invalid is None, now=now, error=invalid)
+        record_attempt(session, charge, outcome)
         # The ledger's sum matters only against a budget (the entry itself is always written).
         spent = ledger.spent(session, run.task_id) if budget is not None else 0.0
-        done = Step(
-            states.COMPLETED,
-            Log(journal.TASK_COMPLETED, detail={"cost": cost}),
-            values={"finished_at": now},
-        )
         if budget is not None and spent > budget + BUDGET_EPSILON:
             reason = f"spent {spent:.4f} of budget {budget:.4f}"
             over = (budget, spent)
@@ -116,30 +138,32 @@ def complete(settings: Settings, run: Running, result: Any) -> Verdict:
                 Log(journal.COST_EXCEEDED, run.node, {"budget": budget, "spent": spent}),
                 {"error": reason, "result": exception_json(error)},
             )
-        elif invalid is not None:
-            error = OutputValidationError(invalid)
-            verdict = Verdict(error=error)
-            then = Step(
-                states.FAILED,
-                Log(journal.OUTPUT_INVALID, run.node, {"error": invalid}),
-                {"error": invalid, "result": exception_json(error)},
-            )
         else:
-            # The result is kept with the task: the store is what the caller's result is
-            # written from again if the backend's first write fails (execution.report).
-            then = Step(
-                states.SUCCESS,
-                Log(journal.TASK_SUCCEEDED, run.node),
-                values={"result": value_json(result)},
-            )
-            verdict = Verdict()
-        if not apply(
-            session, run.task_id, (done, then), Expect(attempt=run.attempt, node=run.node), at=now
-        ).moved:
+            then, verdict = _ending(result, invalid, run.node)
+        if not apply(session, run.task_id, (done, then), held, at=now).moved:
             return Verdict()
     if over is not None:
         notify_cost(settings, run, *over)
     return verdict
+
+
+def _ending(result: Any, invalid: str | None, node: str) -> tuple[Step, Verdict]:
+    """The step after COMPLETED within its budget: SUCCESS with the result, or FAILED when
+    the output is ``invalid``; and the verdict the worker acts on."""
+    if invalid is not None:
+        error = OutputValidationError(invalid)
+        return Step(
+            states.FAILED,
+            Log(journal.OUTPUT_INVALID, node, {"error": invalid}),
+            {"error": invalid, "result": exception_json(error)},
+        ), Verdict(error=error)
+    # The result is kept with the task: the store is what the caller's result is written
+    # from again if the backend's first write fails (execution.report).
+    return Step(
+        states.SUCCESS,
+        Log(journal.TASK_SUCCEEDED, node),
+        values={"result": value_json(result)},
+    ), Verdict()
 
 
 #: The messages that end an attempt on its node, the last one of its end saying its verdict

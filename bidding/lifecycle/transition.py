@@ -22,6 +22,7 @@ from typing import Any, Final, cast
 
 from sqlalchemy import (
     ColumnElement,
+    Insert,
     Select,
     Table,
     Update,
@@ -84,6 +85,17 @@ class Step:
     target: str
     log: Log
     values: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Also:
+    """A write that rides in a one-statement transition (``apply_alone``): a data-modifying
+    statement with RETURNING (it becomes one of the statement's ``WITH`` parts, run whether or
+    not the task moves) and its parameters, named apart from the transition's own (``v_``,
+    ``t_``, ``m<n>_``)."""
+
+    statement: Update | Insert
+    params: Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -163,11 +175,13 @@ def apply(session: Session, task_id: str, steps: Sequence[Step], expect: Expect 
 
 
 def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: Expect = ANY, *,
-                at: float | None = None, returning: Sequence[Returned] = ()) -> Outcome | None:
-    """``apply`` in one statement, for a change with nothing else to write, on a session whose
-    statements commit on their own (``store.statement_session`` on PostgreSQL): the UPDATE and,
-    only if it moved the task, its messages, in one round trip where a transaction took four
-    (BEGIN, the UPDATE, the messages' INSERT with the COMMIT).
+                at: float | None = None, returning: Sequence[Returned] = (),
+                also: Sequence[Also] = ()) -> Outcome | None:
+    """``apply`` in one statement, for a change with nothing else to write but ``also``, on a
+    session whose statements commit on their own (``store.statement_session`` on PostgreSQL):
+    the UPDATE and, only if it moved the task, its messages, in one round trip where a
+    transaction took four (BEGIN, the UPDATE, the messages' INSERT with the COMMIT). The
+    ``also`` writes run in the same statement whether or not the task moves.
 
     Returns the moved ``Outcome`` (its row: the ``returning`` columns as updated), or None when
     the task did not move: the caller then runs ``apply`` in a transaction, which finds why
@@ -175,10 +189,13 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
     """
     keys = tuple(returning) or ("task_id",)
     prepared = _prepare(session, task_id, steps, expect, at, keys)
-    stmt = _with_messages(prepared.stmt, len(prepared.messages), keys)
+    stmt = _with_messages(prepared.stmt, len(prepared.messages), keys,
+                          tuple(write.statement for write in also))
     params = dict(prepared.params)
     for n, message in enumerate(prepared.messages):
         params.update({f"m{n}_{name}": value for name, value in message.items()})
+    for write in also:
+        params.update(write.params)
     row = execute(core(session), stmt, params).one_or_none()
     if row is None:
         return None
@@ -186,10 +203,12 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
 
 
 @lru_cache(maxsize=64)
-def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, ...]) -> Select[Any]:
+def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, ...],
+                   also: tuple[Update | Insert, ...] = ()) -> Select[Any]:
     """``WITH moved AS (the UPDATE ... RETURNING), logged AS (INSERT the messages, one row
-    each per moved row, in order) SELECT the returning columns FROM moved``. (PostgreSQL runs
-    a WITH's statements together, in no set order: the messages are one INSERT, ordered.)"""
+    each per moved row, in order)[, also_<n> AS (each of ``also``)] SELECT the returning
+    columns FROM moved``. (PostgreSQL runs a WITH's statements together, in no set order,
+    each to its end whether or not it is read: the messages are one INSERT, ordered.)"""
     table = journal.MESSAGES
     moved = update_stmt.cte("moved")
     columns = ("task_id", "kind", "node", "attempt", "detail", "at")
@@ -199,7 +218,10 @@ def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, .
         for n in range(count))).subquery("given")
     logged = insert(table).from_select(
         list(columns), select(*(given.c[name] for name in columns)).order_by(given.c.n))
-    return select(*(moved.c[_name(item)] for item in returning)).add_cte(logged.cte("logged"))
+    stmt = select(*(moved.c[_name(item)] for item in returning)).add_cte(logged.cte("logged"))
+    for n, write in enumerate(also):
+        stmt = stmt.add_cte(write.cte(f"also_{n}"))
+    return stmt
 
 
 @dataclass(frozen=True)

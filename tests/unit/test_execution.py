@@ -21,7 +21,7 @@ from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import query_live_nodes
 from bidding.store import read_session, write_session
-from bidding.store.schema import AnnouncementRow, Episode, LedgerEntry, Message
+from bidding.store.schema import AnnouncementRow, Episode, LedgerEntry, Message, Node, NodeRecord
 from tests.stored import add_announcement
 
 NODE = "n1"
@@ -298,6 +298,46 @@ def test_complete_charges_records_and_succeeds(settings: Settings) -> None:
         None,
     )
     assert ep.finished_at == found.finished_at and ep.duration_s >= 0
+
+
+def test_on_postgresql_complete_is_one_statement_and_one_round_trip(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sqlalchemy import event
+
+    from bidding.store.engine import get_engine
+    from tests.unit.conftest import postgres_database, psycopg_commands
+
+    with postgres_database() as url:
+        # given a registered node running an attempt
+        settings = Settings(database_url=url, auto_migrate=False)
+        heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1"], capacity=2))
+        announcement = assigned(settings)
+        run = execution.begin(settings, announcement.task_id, 1, NODE, PRICE)
+        statements: list[str] = []
+        event.listen(
+            get_engine(url), "before_cursor_execute", lambda *args: statements.append(args[2])
+        )
+        sent = psycopg_commands(monkeypatch)
+        # when the node completes the attempt (no budget: nothing to read first)
+        assert execution.complete(settings, run, {"ok": 1}) == execution.Verdict()
+        # then it sent one statement and no BEGIN or COMMIT of its own
+        assert len(statements) == 1 and sent == [], (statements, sent)
+        # and everything a transaction wrote is there: the state, both messages, the
+        # ledger's entry, the episode and the node's records
+        assert row(settings, announcement.task_id).state == lifecycle.SUCCESS
+        assert log(settings, announcement.task_id)[1:] == [
+            (journal.TASK_COMPLETED, NODE, 1, {"cost": 0.5}),
+            (journal.TASK_SUCCEEDED, NODE, 1, {}),
+        ]
+        assert ledger(settings, announcement.task_id) == [(1, NODE, 1.0, 0.5, 0.5)]
+        [ep] = episodes(settings, announcement.task_id)
+        assert (ep.success, ep.skills, ep.cost) == (True, ["s1", "s2"], 0.5)
+        with read_session(url) as session:
+            record = session.get(Node, NODE)
+            typed = session.get(NodeRecord, (NODE, "noop"))
+        assert record is not None and (record.attempts, record.successes) == (1, 1)
+        assert typed is not None and (typed.attempts, typed.successes) == (1, 1)
 
 
 def test_complete_charges_the_reported_units(settings: Settings) -> None:

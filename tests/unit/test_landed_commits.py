@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from celery import Celery
 from celery.exceptions import Retry
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
@@ -127,11 +127,13 @@ def node_app(url: str, profile: Path) -> Celery:
 def reply_lost_after_commit(wrapped: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     """The first commit of ``execution.<wrapped>`` lands, and its reply is lost with the
     connection: the session raises what SQLAlchemy raises for a lost server (as
-    ``store.rows.commit_with`` does), which ``outlasting`` waits out. Yields the calls made."""
+    ``store.rows.commit_with`` does), which ``outlasting`` waits out. A commit is a session's,
+    or that of a write in one statement (a ``WITH`` on a connection that commits each
+    statement: ``transition.apply_alone``). Yields the calls made."""
     calls: list[int] = []
     armed: list[bool] = []
 
-    def lost(session: Session) -> None:
+    def lost(*_: Any) -> None:
         if armed:
             armed.clear()
             raise OperationalError(
@@ -140,6 +142,11 @@ def reply_lost_after_commit(wrapped: str, monkeypatch: pytest.MonkeyPatch) -> It
                 ConnectionError("server closed the connection unexpectedly"),
                 connection_invalidated=True,
             )
+
+    def statement_committed(conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
+        driver = conn.connection.driver_connection
+        if statement.startswith("WITH") and getattr(driver, "autocommit", False):
+            lost()
 
     original: Callable[..., execution.Verdict] = getattr(execution, wrapped)
 
@@ -151,10 +158,12 @@ def reply_lost_after_commit(wrapped: str, monkeypatch: pytest.MonkeyPatch) -> It
 
     monkeypatch.setattr(execution, wrapped, first_reply_lost)
     event.listen(Session, "after_commit", lost)
+    event.listen(Engine, "after_cursor_execute", statement_committed)
     try:
         yield calls
     finally:
         event.remove(Session, "after_commit", lost)
+        event.remove(Engine, "after_cursor_execute", statement_committed)
 
 
 @pytest.mark.parametrize("case", list(CASES))

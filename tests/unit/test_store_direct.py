@@ -228,6 +228,13 @@ def test_the_auctions_statements_run_on_the_drivers_cursor(kind: str) -> None:
         charge = tuple(c.name for c in LedgerEntry.__table__.columns if c.name != "id")
         assert Direct.runs(_record_attempt(every, charge), dialect)
         assert Direct.runs(_with_messages(begin, 1, ("spec",)), dialect)
+        # (an attempt's end: its transitions with its entry, episode and records)
+        from bidding.execution.episodes import _record_attempt, _returning_node
+
+        end = _update(("EXECUTING",), "SUCCESS", (True, True, False), ("result",), (),
+                      ("task_id",))
+        assert Direct.runs(_with_messages(end, 2, ("task_id",), (
+            _returning_node(_record_attempt(every, charge)),)), dialect)
     # and a transition from several states (an IN SQLAlchemy expands) does not
     several = _update(("ASSIGNED", "EXECUTING"), "FAILED", (True, True, False), (), (), ())
     assert not Direct.runs(several, dialect)
