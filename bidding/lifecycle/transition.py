@@ -27,6 +27,7 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    func,
     insert,
     literal,
     select,
@@ -205,11 +206,21 @@ def apply_alone(session: Session, task_id: str, steps: Sequence[Step], expect: E
 @lru_cache(maxsize=64)
 def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, ...],
                    also: tuple[Update | Insert, ...] = ()) -> Select[Any]:
-    """``WITH moved AS (the UPDATE ... RETURNING), logged AS (INSERT the messages, one row
-    each per moved row, in order)[, also_<n> AS (each of ``also``)] SELECT the returning
-    columns FROM moved``. (PostgreSQL runs a WITH's statements together, in no set order,
-    each to its end whether or not it is read: the messages are one INSERT, ordered.)"""
+    """``WITH [also_<n> AS (each of ``also``),] moved AS (the UPDATE ... RETURNING), logged AS
+    (INSERT the messages, one row each per moved row, in order) SELECT the returning columns
+    FROM moved``. (PostgreSQL runs a WITH's statements together, each to its end whether or
+    not it is read: the messages are one INSERT, ordered.)
+
+    The ``also`` writes run before the task's row is locked: the UPDATE's condition reads
+    each of them (a count, always true), so PostgreSQL runs them first, where an unread one
+    would run after the main statement. An award locks its nodes' rows before the task's; an
+    attempt's end that counts its node's record must take them in the same order, or the two
+    can deadlock."""
     table = journal.MESSAGES
+    writes = [write.cte(f"also_{n}") for n, write in enumerate(also)]
+    for write in writes:
+        update_stmt = update_stmt.where(
+            select(func.count()).select_from(write).scalar_subquery() >= 0)
     moved = update_stmt.cte("moved")
     columns = ("task_id", "kind", "node", "attempt", "detail", "at")
     given = union_all(*(
@@ -218,10 +229,7 @@ def _with_messages(update_stmt: Update, count: int, returning: tuple[Returned, .
         for n in range(count))).subquery("given")
     logged = insert(table).from_select(
         list(columns), select(*(given.c[name] for name in columns)).order_by(given.c.n))
-    stmt = select(*(moved.c[_name(item)] for item in returning)).add_cte(logged.cte("logged"))
-    for n, write in enumerate(also):
-        stmt = stmt.add_cte(write.cte(f"also_{n}"))
-    return stmt
+    return select(*(moved.c[_name(item)] for item in returning)).add_cte(logged.cte("logged"))
 
 
 @dataclass(frozen=True)

@@ -340,6 +340,54 @@ def test_on_postgresql_complete_is_one_statement_and_one_round_trip(
         assert typed is not None and (typed.attempts, typed.successes) == (1, 1)
 
 
+def test_on_postgresql_complete_takes_its_nodes_row_before_its_tasks_as_an_award_does() -> None:
+    import threading
+    import time
+
+    from sqlalchemy import create_engine, text
+
+    from bidding.store.engine import normalize_url
+    from tests.unit.conftest import postgres_database
+
+    with postgres_database() as url:
+        # given a registered node running an attempt
+        settings = Settings(database_url=url, auto_migrate=False)
+        heartbeat(settings, NodeProfile(name=NODE, capabilities=["s1"], capacity=2))
+        announcement = assigned(settings)
+        run = execution.begin(settings, announcement.task_id, 1, NODE, PRICE)
+        # and an award's transaction elsewhere that holds the node's row (it locks its nodes'
+        # rows first, then the task's)
+        other = create_engine(normalize_url(url))
+        with other.connect() as award:
+            award.execute(text("SELECT name FROM bidding_nodes WHERE name = :n FOR UPDATE"),
+                          {"n": NODE})
+            # when the node completes its attempt meanwhile
+            done: list[execution.Verdict] = []
+            ending = threading.Thread(target=lambda: done.append(
+                execution.complete(settings, run, {"ok": 1})))
+            ending.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until the completion waits on a lock
+                waiting = award.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")).scalar_one()
+                if waiting:
+                    break
+                time.sleep(0.01)
+            # then it waits for the node's row without having locked the task's: the award
+            # can still lock the task (with the task's first, the two would deadlock)
+            locked = award.execute(text(
+                "SELECT state FROM bidding_announcements WHERE task_id = :t FOR UPDATE NOWAIT"),
+                {"t": announcement.task_id}).scalar_one()
+            assert locked == lifecycle.EXECUTING
+            award.commit()
+        other.dispose()
+        ending.join(10)
+        # and once the award is done, the attempt ends as usual
+        assert done == [execution.Verdict()]
+        assert row(settings, announcement.task_id).state == lifecycle.SUCCESS
+
+
 def test_complete_charges_the_reported_units(settings: Settings) -> None:
     announcement = assigned(settings, units=2.0)
     run = execution.begin(settings, announcement.task_id, 1, NODE, PRICE)
