@@ -115,6 +115,19 @@ def settings(request: pytest.FixtureRequest, store_url: str) -> Iterator[Setting
         yield Settings(database_url=url, auto_migrate=False)
 
 
+def end_server_session(url: str, pid: int) -> None:
+    """End the PostgreSQL server session ``pid`` (a restart, an administrator's
+    ``pg_terminate_backend``), from a connection of its own: not the pool's, whose connection
+    is the one to end."""
+    admin = create_engine(normalize_url(url))
+    try:
+        with admin.connect() as other:
+            other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
+            other.commit()
+    finally:
+        admin.dispose()
+
+
 def psycopg_commands(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     """psycopg's own commands (BEGIN, COMMIT, ROLLBACK) from now on, each with whether it was
     sent in a pipeline (with other statements, one round trip for all)."""

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from sqlalchemy import bindparam, create_engine, event, select, text, update
+from sqlalchemy import bindparam, event, select, text, update
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from bidding.auction.opening import row_values
@@ -16,10 +16,10 @@ from bidding.lifecycle import states
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
 from bidding.store.direct import Direct
-from bidding.store.engine import core, get_engine, normalize_url
+from bidding.store.engine import core, get_engine
 from bidding.store.rows import insert_rows
 from bidding.store.schema import AnnouncementRow
-from tests.unit.conftest import postgres_database
+from tests.unit.conftest import end_server_session, postgres_database
 
 _TABLE: Any = AnnouncementRow.__table__
 
@@ -125,11 +125,7 @@ def test_on_postgresql_a_connection_lost_under_a_direct_statement_leaves_the_poo
         # given a transaction whose server session ends before its direct statement runs
         with pytest.raises(OperationalError) as raised, write_session(url) as session:
             pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
-            admin = create_engine(normalize_url(url))
-            with admin.connect() as other:
-                other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
-                other.commit()
-            admin.dispose()
+            end_server_session(url, pid)
             moved.run(core(session), {"t": "t1", "at": 5.0})
         # then the error is SQLAlchemy's for a lost connection, which the writes that must not
         # fail wait out (store.outage)

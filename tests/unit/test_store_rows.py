@@ -6,17 +6,17 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, event, select, text
+from sqlalchemy import event, select, text
 
 from bidding.auction.opening import row_values
 from bidding.config import Settings
 from bidding.lifecycle import journal, states
 from bidding.models import Announcement
 from bidding.store import read_session, write_session
-from bidding.store.engine import get_engine, normalize_url
+from bidding.store.engine import get_engine
 from bidding.store.rows import insert_rows
 from bidding.store.schema import AnnouncementRow, BidRow, Message
-from tests.unit.conftest import postgres_database, psycopg_commands
+from tests.unit.conftest import end_server_session, postgres_database, psycopg_commands
 
 
 def _statements(url: str) -> list[str]:
@@ -202,13 +202,7 @@ def test_a_pooled_connection_the_server_ended_is_replaced_before_use() -> None:
         # administrator's pg_terminate_backend)
         with read_session(url) as session:
             pid = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        # (from a connection of its own, as an administrator's: not the pool's, whose one
-        # connection is the one to end)
-        admin = create_engine(normalize_url(url))
-        with admin.connect() as other:
-            other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid})
-            other.commit()
-        admin.dispose()
+        end_server_session(url, pid)
         # when the next session is opened, then it works (no error reaches the caller)
         with write_session(url) as session:
             now = session.execute(text("SELECT pg_backend_pid()")).scalar_one()
