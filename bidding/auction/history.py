@@ -14,9 +14,9 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from typing import cast
+from typing import Final, cast
 
-from sqlalchemy import Select, bindparam, func, select, union_all
+from sqlalchemy import ARRAY, Select, String, any_, bindparam, func, select, union_all
 from sqlalchemy.orm import Session
 
 from bidding import clock, resources
@@ -31,6 +31,7 @@ from bidding.nodes import history_version
 from bidding.nodes.kin import KinRecord, kin_records
 from bidding.nodes.profile import NodeProfile
 from bidding.store import read_session
+from bidding.store.direct import execute
 from bidding.store.engine import core
 from bidding.store.forkguard import child_safe_lock
 from bidding.store.schema import AnnouncementRow, Episode, Node
@@ -76,6 +77,23 @@ _STATES_OF = (
 )
 _LOCK = (select(Node.name).where(Node.name.in_(bindparam("nodes", expanding=True)))
          .order_by(Node.name).with_for_update())
+#: PostgreSQL's: the names as one array parameter (``= ANY``), so that the statement's text is
+#: the same for any number of nodes and it runs on psycopg's cursor (``store.direct``); an IN
+#: list is expanded by SQLAlchemy at every execution.
+_NAMES: Final = any_(bindparam("nodes", type_=ARRAY(String)))
+_IN_FLIGHT_OF_ROW_ARRAY = (
+    select(func.count())
+    .where(AnnouncementRow.assigned_node == Node.name,
+           AnnouncementRow.state == any_(bindparam(
+               "in_flight", sorted(states.IN_FLIGHT_STATES), type_=ARRAY(String))))
+    .scalar_subquery()
+)
+_STATES_OF_ARRAY = (
+    select(Node.name, Node.attempts, Node.successes, _IN_FLIGHT_OF_ROW_ARRAY, _FAILURES_OF_ROW)
+    .where(Node.name == _NAMES)
+    .order_by(Node.name)
+)
+_LOCK_ARRAY = select(Node.name).where(Node.name == _NAMES).order_by(Node.name).with_for_update()
 
 
 def lock_states(session: Session, nodes: Sequence[str], *, lock: bool, task_type: str,
@@ -94,9 +112,10 @@ def lock_states(session: Session, nodes: Sequence[str], *, lock: bool, task_type
         return {}
     names = sorted(set(nodes))
     conn = core(session)
+    arrays = conn.dialect.name == "postgresql"
     if lock:
-        conn.execute(_LOCK, {"nodes": names})
-    rows = conn.execute(_STATES_OF, {
+        execute(conn, _LOCK_ARRAY if arrays else _LOCK, {"nodes": names})
+    rows = execute(conn, _STATES_OF_ARRAY if arrays else _STATES_OF, {
         "nodes": names, "task_type": task_type, "since": since}).all()
     return {str(row[0]): NodeHistory(in_flight=int(row[3]), recent_failures=int(row[4]),
                                      attempts=int(row[1]), successes=int(row[2]))
@@ -178,13 +197,11 @@ def read_histories(
     names = list(dict.fromkeys(nodes))
     params = {f"node_{i}": name for i, name in enumerate(names)}
     conn = core(session)
-    latest = conn.execute(_latest_of_nodes(len(names)),
-                          {**params, "task_type": task_type,
-                           "limit": settings.episodes_read}).all()
+    latest = execute(conn, _latest_of_nodes(len(names)),
+                     {**params, "task_type": task_type, "limit": settings.episodes_read}).all()
     outcomes: dict[str, list[tuple[float, bool, float]]] = {name: [] for name in names}
-    for row in latest:
-        outcomes[row.node].append((row.finished_at, bool(row.success),
-                                   float(row.duration_s or 0.0)))
+    for node, success, finished_at, duration_s in latest:
+        outcomes[node].append((finished_at, bool(success), float(duration_s or 0.0)))
     if known is None:
         failures = {row[0]: row[1] for row in conn.execute(_RECENT_FAILURES_OF, {
             "nodes": names, "task_type": task_type,

@@ -243,6 +243,10 @@ class Result:
     rows: list[tuple[Any, ...]]
     rowcount: int
 
+    def all(self) -> list[tuple[Any, ...]]:
+        """Every row (as SQLAlchemy's result gives them)."""
+        return self.rows
+
     def one_or_none(self) -> tuple[Any, ...] | None:
         """The only row, or None (more than one is an error, as SQLAlchemy's)."""
         if len(self.rows) > 1:
