@@ -74,11 +74,7 @@ class Direct:
         """A ``Direct`` of ``statement`` for ``dialect``, or None when it cannot run directly
         there (``runs``)."""
         made = cls(statement)
-        plan = _plan(statement, dialect)
-        if plan is None:
-            return None
-        made._compiled[dialect.name] = plan
-        return made
+        return made if made._plan(dialect) is not None else None
 
     @staticmethod
     def runs(statement: ClauseElement, dialect: Dialect) -> bool:
@@ -88,12 +84,13 @@ class Direct:
         its own execution)."""
         return _plan(statement, dialect) is not None
 
-    def _compile(self, dialect: Dialect) -> _Compiled:
-        plan = _plan(self.statement, dialect)
+    def _plan(self, dialect: Dialect) -> _Compiled | None:
+        """The statement compiled for ``dialect`` (once), or None where it cannot run so."""
+        plan = self._compiled.get(dialect.name)
         if plan is None:
-            raise ValueError("a Direct statement runs on SQLite or on PostgreSQL through "
-                             "psycopg, with plain parameters only")
-        self._compiled[dialect.name] = plan
+            plan = _plan(self.statement, dialect)
+            if plan is not None:
+                self._compiled[dialect.name] = plan
         return plan
 
     def run(self, conn: Connection, params: Mapping[str, Any]) -> Result:
@@ -109,7 +106,10 @@ class Direct:
     def _execute(self, conn: Connection, given: Sequence[Mapping[str, Any]], *,
                  many: bool) -> Result:
         dialect = conn.dialect
-        compiled = self._compiled.get(dialect.name) or self._compile(dialect)
+        compiled = self._plan(dialect)
+        if compiled is None:
+            raise ValueError("a Direct statement runs on SQLite or on PostgreSQL through "
+                             "psycopg, with plain parameters only")
         values = [_values(compiled, params) for params in given]
         rows, count, description = on_cursor(conn, compiled.sql,
                                              values if many else values[0], many=many,
@@ -168,24 +168,35 @@ def on_cursor(conn: Connection, sql: str, parameters: Any, *, many: bool = False
                 cursor.execute(sql, parameters)
             rows = cursor.fetchall() if fetch else []
         except dialect.loaded_dbapi.Error as exc:
-            lost = _lost(conn, exc, cursor)
-            raise DBAPIError.instance(sql, parameters, exc, dialect.loaded_dbapi.Error,
-                                      dialect=dialect, connection_invalidated=lost) from exc
+            raise as_sqlalchemy_error(conn, exc, sql, parameters, cursor) from exc
         dispatch.after_cursor_execute(conn, cursor, sql, parameters, None, many)
         return rows, cursor.rowcount, cursor.description if fetch else None
     finally:
         cursor.close()
 
 
-def _lost(conn: Connection, exc: Exception, cursor: Any) -> bool:
-    """Whether ``exc`` left ``conn``'s connection unusable; if so it is invalidated, as
-    SQLAlchemy's execution does (else the pool would hand the dead connection out again)."""
+def as_sqlalchemy_error(conn: Connection, exc: Exception, sql: str, parameters: Any,
+                        cursor: Any = None) -> DBAPIError:
+    """The driver's error ``exc`` as SQLAlchemy's execution raises it (an ``OperationalError``
+    for a lost server, which ``store.outage`` waits out). A connection it left unusable is
+    invalidated first, as SQLAlchemy does, else the pool would hand it out again: lost
+    (``dialect.is_disconnect``), broken (psycopg), or left in pipeline mode by a connection
+    severed mid-pipeline ("cannot exit pipeline mode while busy": the pool's reset would fail
+    on it, loudly)."""
     driver = conn.connection.driver_connection
     lost = bool(conn.dialect.is_disconnect(exc, driver, cursor))  # type: ignore[arg-type]
-    lost = lost or bool(getattr(driver, "broken", False))  # psycopg: the connection died
+    lost = lost or bool(getattr(driver, "broken", False))
+    pgconn = getattr(driver, "pgconn", None)
+    if pgconn is not None and not lost:
+        from psycopg.pq import PipelineStatus
+
+        lost = pgconn.pipeline_status != PipelineStatus.OFF
     if lost:
         conn.invalidate(exc)
-    return lost
+    dbapi_error = conn.dialect.loaded_dbapi.Error
+    return cast(DBAPIError, DBAPIError.instance(sql, parameters, exc, dbapi_error,
+                                                dialect=conn.dialect,
+                                                connection_invalidated=lost))
 
 
 def _plan(statement: ClauseElement, dialect: Dialect) -> _Compiled | None:
@@ -279,13 +290,13 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _insert_for(dialect: Dialect, table: Table) -> Any:
-    """The dialect's own INSERT of ``table`` (its ``ON CONFLICT`` is the dialect's)."""
-    if dialect.name == "postgresql":
+def insert_for(dialect: str, table: Table) -> Any:
+    """The named dialect's own INSERT of ``table`` (its ``ON CONFLICT`` is the dialect's)."""
+    if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
         return postgresql_insert(table)
-    if dialect.name == "sqlite":
+    if dialect == "sqlite":
         from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
         return sqlite_insert(table)
@@ -297,7 +308,7 @@ class DirectInsert:
     out filled with their Python-side defaults as SQLAlchemy's execution would fill them; once
     only with ``conflict_skipped`` (``ON CONFLICT DO NOTHING``), reading back ``returning``."""
 
-    def __init__(self, direct: Direct | None, defaults: dict[str, Callable[[], Any]]) -> None:
+    def __init__(self, direct: Direct, defaults: dict[str, Callable[[], Any]]) -> None:
         self.direct = direct
         self.defaults = defaults
 
@@ -309,7 +320,7 @@ class DirectInsert:
         defaults = column_defaults(table, columns)
         if defaults is None or (conflict_skipped and dialect.name not in DRIVERS):
             return None
-        stmt: Any = _insert_for(dialect, table).values(
+        stmt: Any = insert_for(dialect.name, table).values(
             {name: bindparam(name, type_=table.c[name].type) for name in [*columns, *defaults]})
         if conflict_skipped:
             stmt = stmt.on_conflict_do_nothing()
@@ -325,10 +336,8 @@ class DirectInsert:
 
     def run(self, conn: Connection, row: Mapping[str, Any]) -> Result:
         """INSERT one row."""
-        assert self.direct is not None  # (``of`` makes none without one)
         return self.direct.run(conn, self._filled(row))
 
     def run_many(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """INSERT ``rows`` (the driver's executemany)."""
-        assert self.direct is not None
         self.direct.run_many(conn, [self._filled(row) for row in rows])

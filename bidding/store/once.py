@@ -6,17 +6,14 @@ execution, or a sweeper racing the node, must not charge or count it twice.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any
 
 from sqlalchemy import Dialect, Executable, Table, insert
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from bidding.store.direct import DirectInsert
+from bidding.store.direct import DRIVERS, DirectInsert, insert_for
 from bidding.store.engine import core
 
 
@@ -32,8 +29,8 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
         return bool(stored.rows) if report else True
     key = (dialect, table.name, report)
     stmt = _INSERT_ONCE.get(key)
-    if stmt is None and dialect in _ON_CONFLICT:
-        stmt = _ON_CONFLICT[dialect](table)
+    if stmt is None and dialect in DRIVERS:  # (the dialects with ON CONFLICT DO NOTHING)
+        stmt = insert_for(dialect, table).on_conflict_do_nothing()
         if report:  # RETURNING tells (psycopg reports no rowcount here); it costs a fetch
             stmt = stmt.returning(*table.primary_key.columns)
         _INSERT_ONCE[key] = stmt
@@ -46,18 +43,6 @@ def insert_once(session: Session, table: Table, values: dict[str, Any],
     except IntegrityError:
         return False
     return True
-
-
-def _on_conflict_sqlite(table: Table) -> Any:
-    return sqlite_insert(table).on_conflict_do_nothing()
-
-
-def _on_conflict_postgresql(table: Table) -> Any:
-    return postgresql_insert(table).on_conflict_do_nothing()
-
-
-_ON_CONFLICT: Final[dict[str, Callable[[Table], Any]]] = {
-    "sqlite": _on_conflict_sqlite, "postgresql": _on_conflict_postgresql}
 
 
 _INSERT_ONCE: dict[tuple[str, str, bool], Executable] = {}

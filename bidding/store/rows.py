@@ -19,10 +19,9 @@ from typing import Any
 
 from sqlalchemy import Dialect, Insert, Table, insert
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from bidding.store.direct import DirectInsert, on_cursor
+from bidding.store.direct import DirectInsert, as_sqlalchemy_error, on_cursor
 from bidding.store.engine import core
 
 _POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]
@@ -79,20 +78,8 @@ def commit_with(session: Session, table: Table, rows: Sequence[dict[str, Any]]) 
             driver.execute(sql, params)  # type: ignore[union-attr]
             driver.commit()  # type: ignore[union-attr]
     except psycopg.Error as exc:
-        # Raised as SQLAlchemy raises the driver's errors (an OperationalError for a lost
-        # server, which ``store.outage`` waits out), and a lost connection leaves the pool.
-        lost = conn.dialect.is_disconnect(exc, driver, None)  # type: ignore[arg-type]
-        # A connection severed mid-pipeline can be left in pipeline mode ("cannot exit
-        # pipeline mode while busy"), which the pool's reset then fails on, loudly: it is
-        # no use to anyone, so it leaves the pool too.
-        stuck = (driver.broken  # type: ignore[union-attr]
-                 or driver.pgconn.pipeline_status  # type: ignore[union-attr]
-                 != psycopg.pq.PipelineStatus.OFF)
-        if lost or stuck:
-            conn.invalidate(exc)
-            lost = True
-        raise DBAPIError.instance(sql, params, exc, psycopg.Error, dialect=conn.dialect,
-                                  connection_invalidated=lost) from exc
+        # The whole transaction rolls back; a connection severed mid-pipeline leaves the pool.
+        raise as_sqlalchemy_error(conn, exc, sql, params) from exc
     return True
 
 
