@@ -46,7 +46,8 @@ Run: ``.venv/bin/python bench/quality.py [--tasks N] [--seed S] [--seeds K]
 [--only comparison,scale,drift,resources] [--scale-tasks F]``: by default every part, each on
 K seeds (a few minutes on 2 cores with K = 1). ``--only gap --sizes 32,128`` (not in the
 default) runs the scale study's default strategy knowing the true rates, or only its kind of
-node's, and asking every node, one change at a time (``bench/simulation/gap.py``): where its
+node's, or the best estimate a learner could make (Bayes), and asking every node, one change
+at a time (``bench/simulation/gap.py``): where its
 gap to the oracle that fills free slots first comes from.
 
 Candidate-cap study: ``--caps 4,6,8,0 --copies K`` replicates the federation K times (twins with

@@ -116,6 +116,7 @@ class Sim:
             in_flight=self.in_flight(node),
             attempts=self.attempts[node],
             successes=self.successes[node],
+            record=self.typed.get(key, (0, 0)),
         )
 
     def _tick(self, now: float) -> None:

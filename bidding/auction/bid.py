@@ -43,6 +43,9 @@ class NodeHistory:
     #: Its kin's pooled record on everything they ran (attempts, successes): with its own
     #: (``attempts``, ``successes``), how this replica does beside them.
     kin_overall: tuple[int, int] = (0, 0)
+    #: Its whole record on this task type (attempts, successes; ``nodes.records``): more
+    #: than the episodes read, the longer record while its latest window agrees with it.
+    record: tuple[int, int] = (0, 0)
 
 
 def refusal_reason(announcement: Announcement, profile: NodeProfile, now: float) -> str | None:
@@ -94,7 +97,7 @@ def compute_bid(
         confidence=scores.informed_confidence(
             history.outcomes, history.kin, announcement.min_confidence, history.earlier,
             own_overall=(history.attempts, history.successes),
-            kin_overall=history.kin_overall),
+            kin_overall=history.kin_overall, record=history.record),
         cost=cost,
         latency_ms=profile.latency_ms,
         trust=scores.learned_trust(profile.trust, history.successes, history.attempts),

@@ -30,6 +30,7 @@ from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
 from bidding.nodes.kin import KinRecord, kin_records
 from bidding.nodes.profile import NodeProfile
+from bidding.nodes.records import Record, own_records
 from bidding.store import read_session
 from bidding.store.direct import execute
 from bidding.store.engine import core
@@ -355,16 +356,27 @@ def with_kin(histories: dict[str, NodeHistory],
             for name, h in histories.items()}
 
 
+def with_records(histories: dict[str, NodeHistory],
+                 records: Mapping[str, Record]) -> dict[str, NodeHistory]:
+    """The histories, each with its node's whole record on the task type
+    (``nodes.records``), the measure of its confidence while its latest episodes agree."""
+    if not records:
+        return histories
+    return {name: dataclasses.replace(h, record=records[name]) if name in records else h
+            for name, h in histories.items()}
+
+
 def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfile,
               version: int | None = None) -> Bid | Refusal:
     """Compute this node's answer to ``announcement`` from its profile and (cached) store history;
     ``version`` is the node's history version (see ``cached_history``)."""
     now = clock.now()
     if refusal_reason(announcement, profile, now) is None:
-        history = with_kin(
+        kin = kin_records(settings, announcement.task_type, [profile.name])
+        history = with_records(with_kin(
             {profile.name: cached_history(settings, profile.name, announcement.task_type, now,
-                                          version)},
-            kin_records(settings, announcement.task_type, [profile.name]))[profile.name]
+                                          version)}, kin),
+            own_records(settings, announcement.task_type, [profile.name]))[profile.name]
     else:
         history = NodeHistory()
     return compute_bid(announcement, profile, history, now)

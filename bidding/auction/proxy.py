@@ -49,12 +49,14 @@ from bidding.auction.history import (
     histories_inside,
     history_versions,
     with_kin,
+    with_records,
 )
 from bidding.config import Settings
 from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.kin import kin_records
 from bidding.nodes.profile import NodeProfile
+from bidding.nodes.records import own_records
 from bidding.nodes.registry import LiveNode
 from bidding.strategies.protocol import decides_at_once
 
@@ -82,9 +84,10 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
     now = clock.now() if now is None else now
     profiles = [profile_of(node) for node in nodes]
     bidding = [p.name for p in profiles if refusal_reason(announcement, p, now) is None]
-    histories = with_kin(
-        cached_histories(settings, bidding, announcement.task_type, versions or {}, now),
-        kin_records(settings, announcement.task_type, bidding))
+    kin = kin_records(settings, announcement.task_type, bidding)
+    histories = with_records(with_kin(
+        cached_histories(settings, bidding, announcement.task_type, versions or {}, now), kin),
+        own_records(settings, announcement.task_type, bidding))
     return answers_of(announcement, profiles, histories, now)
 
 
@@ -116,11 +119,12 @@ def answers_inside(
 
     # Read before the award's transaction, from the cached live nodes and records.
     kin = kin_records(settings, announcement.task_type, bidding)
+    records = own_records(settings, announcement.task_type, bidding)
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
-        histories = with_kin(histories_inside(
+        histories = with_records(with_kin(histories_inside(
             session, settings, bidding, announcement.task_type, known, now
-        ), kin)
+        ), kin), records)
         return answers_of(announcement, profiles, histories, now)
 
     return AnswersInside(bidding, make, now)

@@ -7,6 +7,7 @@ The formulas strategies rank bids with are in ``bidding.strategies.formulas``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from bidding.strategies.formulas import skill_match
@@ -138,13 +139,44 @@ def kin_informed_prior(kin: tuple[int, int], own_overall: tuple[int, int],
 
 def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum: float,
                         earlier: Sequence[bool] = (), *, own_overall: tuple[int, int] = (0, 0),
+                        kin_overall: tuple[int, int] = (0, 0),
+                        record: tuple[int, int] = (0, 0)) -> float:
+    """A bid's confidence: what the node's whole ``record`` on the task type says of it,
+    smoothed toward its kin's rate there (``kin``), while its latest ``outcomes`` agree with
+    that (``window_agrees``); otherwise, and for a node with neither kin nor a record longer
+    than its episodes read, its estimate over the latest ``outcomes`` with the ``earlier``
+    ones as the prior (``windowed_confidence``). Never pushed under ``minimum`` (the
+    announcement's ``min_confidence``) by a prior alone.
+
+    Replicas of one profile differ by a few points, which the 30 episodes read cannot tell
+    apart and their whole records can (bench/quality.py, 32 and 128 nodes at 50% load); a
+    node whose latest window is unlikely under its record (a node that started failing) is
+    judged on its latest episodes instead, as quickly as before.
+    """
+    read = (*outcomes, *earlier)
+    own = estimated_success(outcomes)
+    if kin[0] > 0:
+        # A record the store has not counted up to the episodes read (a cached one, or none)
+        # is no longer than they are.
+        attempts, successes = record if record[0] >= len(read) else (
+            len(read), sum(1 for ok in read if ok))
+        prior, weight = kin_prior(*kin), max(SUCCESS_PRIOR_EPISODES,
+                                             min(KIN_RECORD_EPISODES, float(kin[0])))
+        whole = smoothed_rate(attempts, successes, prior=prior, weight=weight)
+        if window_agrees(outcomes, whole):
+            return max(whole, min(own, minimum))
+    return windowed_confidence(outcomes, kin, minimum, earlier, own_overall=own_overall,
+                               kin_overall=kin_overall)
+
+
+def windowed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum: float,
+                        earlier: Sequence[bool] = (), *, own_overall: tuple[int, int] = (0, 0),
                         kin_overall: tuple[int, int] = (0, 0)) -> float:
-    """A bid's confidence: the node's estimate over its latest ``outcomes``, with its longer
-    record as the prior (those and the ``earlier`` outcomes before them, themselves smoothed
-    toward what its kin's record says of it: their pooled rate on the type, ``kin``, times how
-    the node does beside them over everything it ran, ``replica_factor`` of ``own_overall``
-    and ``kin_overall``), never pushed under ``minimum`` (the announcement's
-    ``min_confidence``) by the prior alone.
+    """The node's estimate over its latest ``outcomes``, with its longer record as the prior
+    (those and the ``earlier`` outcomes before them, themselves smoothed toward what its kin's
+    record says of it: their pooled rate on the type, ``kin``, times how the node does beside
+    them over everything it ran, ``replica_factor`` of ``own_overall`` and ``kin_overall``),
+    never pushed under ``minimum`` by the prior alone.
 
     Two speeds: the latest window (10 episodes) sees a node start failing within a few
     tasks; the longer record (30) tells apart nodes whose rates differ by a few points, which
@@ -161,6 +193,23 @@ def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum:
     informed = estimated_success(outcomes, prior=longer, weight=LONGER_RECORD_EPISODES)
     own = estimated_success(outcomes)
     return max(informed, min(own, minimum))
+
+
+#: How unlikely the latest window may be under a node's whole record before the record is
+#: set aside for its latest episodes (``window_agrees``).
+RECORD_DOUBT = 0.01
+
+
+def window_agrees(outcomes: Sequence[bool], rate: float) -> bool:
+    """Whether the latest ``outcomes`` could come from a node that succeeds at ``rate``: the
+    chance of at least as many failures in as many tries, and of at most as many, are both
+    at least ``RECORD_DOUBT``. A node that started failing (or that recovered) shows within a
+    few tasks."""
+    n = len(outcomes)
+    failures = n - sum(1 for ok in outcomes if ok)
+    fail = min(1.0, max(0.0, 1.0 - rate))
+    chances = [math.comb(n, k) * fail**k * (1.0 - fail) ** (n - k) for k in range(n + 1)]
+    return sum(chances[failures:]) >= RECORD_DOUBT and sum(chances[:failures + 1]) >= RECORD_DOUBT
 
 
 def learned_trust(declared: float, successes: int, attempts: int) -> float:

@@ -122,7 +122,10 @@ def kin_records(settings: Settings, task_type: str,
         kin = kin_of(live, names)
         if not kin:
             return {}
-        records = records_of(settings, task_type, sorted({k for ks in kin.values() for k in ks}))
+        # The asking nodes' own records with their kin's, in one read: their bids read them
+        # next (``records.own_records``), from the cache this fills.
+        records = records_of(settings, task_type,
+                             sorted({*names, *(k for ks in kin.values() for k in ks)}))
     except Exception as exc:
         logger.debug("could not read the kin's records on %s: %s", task_type, exc)
         return {}

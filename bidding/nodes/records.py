@@ -8,6 +8,7 @@ their histories; an announcer caches the answer per task type for
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 from sqlalchemy import bindparam, select
@@ -16,6 +17,8 @@ from bidding.config import Settings
 from bidding.store import read_session
 from bidding.store.covered import CoveredCache
 from bidding.store.schema import NodeRecord
+
+logger = logging.getLogger(__name__)
 
 #: A node's record on one task type: (finished attempts, successes).
 Record = tuple[int, int]
@@ -47,6 +50,17 @@ def records_of(settings: Settings, task_type: str,
     ranked by their node-wide record, rather than failing the announcement."""
     return _cache.get((settings.database_url, task_type), nodes, settings.live_cache_seconds,
                       lambda missing: read_records(settings, task_type, missing))
+
+
+def own_records(settings: Settings, task_type: str,
+                nodes: Sequence[str]) -> Mapping[str, Record]:
+    """``records_of``, or none when the read fails: a bid then judges its node on the
+    episodes it read (``scores.informed_confidence``), rather than failing the auction."""
+    try:
+        return records_of(settings, task_type, nodes)
+    except Exception as exc:
+        logger.debug("could not read the nodes' records on %s: %s", task_type, exc)
+        return {}
 
 
 def invalidate_cache() -> None:

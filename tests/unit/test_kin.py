@@ -86,12 +86,11 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     # and without a kin's record it bids as a newcomer does (the optimistic 1.0)
     assert scores.kin_prior(0, 0) == 1.0
     assert confidence(NodeHistory()) == 1.0
-    # and its own episodes outweigh the prior as they accrue: 10 successes of 10 (its longer
-    # record, the same ten, smoothed toward the kin's rate, is the prior of the ten; the
-    # kin's record weighs as many episodes as they ran, 20, up to 80)
-    longer = (10 + 20 * 16 / 22) / 30
+    # and its own episodes outweigh the prior as they accrue: 10 successes of 10, its record
+    # there, smoothed toward the kin's rate (which weighs as many episodes as they ran, 20,
+    # up to 80; ``tests/unit/test_whole_record.py``)
     assert confidence(NodeHistory(outcomes=(True,) * 10, kin=(20, 14))) == pytest.approx(
-        (10 + 10 * longer) / 20)
+        (10 + 20 * 16 / 22) / 30)
     # and its kin's failures never rule it out while its own record does not: one failure of
     # its own (2 / 3 with the optimistic prior) keeps it at the minimum
     assert confidence(NodeHistory(outcomes=(False,), kin=(20, 2))) == 0.5
@@ -101,16 +100,20 @@ def test_the_kins_record_is_the_prior_of_a_nodes_confidence_never_under_the_mini
     assert confidence(NodeHistory(outcomes=(False,) * 3)) == pytest.approx(2 / 5)
 
 
-def test_a_replica_that_does_better_than_its_kin_overall_bids_higher_on_each_type() -> None:
-    # given two replicas with the same few episodes of a type, whose kin ran it 100 times with
-    # 80 successes, and ran 1,000 tasks of every type with 850 successes
+def test_a_replica_judged_on_its_latest_episodes_is_placed_by_how_it_does_beside_its_kin(
+) -> None:
+    # given two replicas whose latest episodes of a type contradict their record there (so
+    # that each is judged on its latest episodes: ``scores.windowed_confidence``), whose kin
+    # ran it 100 times with 80 successes, and ran 1,000 tasks of every type with 850 successes
     announcement = Announcement(task_id="t", task_name="w", task_type="extract",
                                 required_skills=["x"])
     kin = {"kin": (100, 80), "kin_overall": (1000, 850)}
-    outcomes = (True, True, False, True, True)
+    outcomes = (True, True, False, False, False, True, False, False)
+    assert not scores.window_agrees(outcomes, (290 + 80 * scores.kin_prior(100, 80)) / 380)
 
     def confidence(name: str, attempts: int, successes: int) -> float:
-        history = NodeHistory(outcomes=outcomes, attempts=attempts, successes=successes, **kin)
+        history = NodeHistory(outcomes=outcomes, attempts=attempts, successes=successes,
+                              record=(300, 290), **kin)
         bid = compute_bid(announcement, NodeProfile(name=name, capabilities=["x"]), history,
                           now=0.0)
         assert isinstance(bid, Bid)
