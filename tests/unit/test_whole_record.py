@@ -62,11 +62,11 @@ def test_a_replica_that_starts_failing_is_judged_on_its_latest_episodes_at_once(
 
 
 def test_a_replica_that_recovered_is_judged_on_its_latest_episodes_too() -> None:
-    # given a replica that failed half of its 300 tasks of the type, then succeeded ten in a
-    # row (a chance of 1 in 1,000 at its record's rate)
-    latest, kin = (True,) * 10, (100, 50)
-    assert not scores.window_agrees(latest, 0.5)
-    history = NodeHistory(outcomes=latest, earlier=(True,) * 20, kin=kin, record=(300, 150))
+    # given a replica that failed 180 of its 300 tasks of the type (its kin: 60 of 100), then
+    # succeeded ten in a row (a chance of about 1 in 10,000 at its record's rate)
+    latest, kin = (True,) * 10, (100, 40)
+    assert not scores.window_agrees(latest, (120 + 80 * scores.kin_prior(*kin)) / 380)
+    history = NodeHistory(outcomes=latest, earlier=(True,) * 20, kin=kin, record=(300, 120))
     # then its record is set aside for its latest episodes
     assert confidence(history) == pytest.approx(scores.windowed_confidence(
         latest, kin, ANNOUNCEMENT.min_confidence, (True,) * 20))
@@ -77,8 +77,11 @@ def test_the_window_agrees_with_a_record_it_could_come_from() -> None:
     assert scores.window_agrees((True,) * 9 + (False,), 0.9)
     assert scores.window_agrees((True,) * 10, 0.9)
     assert scores.window_agrees((), 0.9)
-    # but five failures in ten do not (a chance under 1 in 600)
-    assert not scores.window_agrees((True,) * 5 + (False,) * 5, 0.9)
+    # and so do five failures in ten (a chance of 1 in 600: the record is set aside only
+    # under 1 in 1,000)
+    assert scores.window_agrees((True,) * 5 + (False,) * 5, 0.9)
+    # but six failures in ten do not (1 in 7,000)
+    assert not scores.window_agrees((True,) * 4 + (False,) * 6, 0.9)
 
 
 def test_a_record_shorter_than_the_episodes_read_counts_as_those_episodes() -> None:
