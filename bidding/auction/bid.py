@@ -43,8 +43,9 @@ class NodeHistory:
     #: Its kin's pooled record on everything they ran (attempts, successes): with its own
     #: (``attempts``, ``successes``), how this replica does beside them.
     kin_overall: tuple[int, int] = (0, 0)
-    #: Its whole record on this task type (attempts, successes; ``nodes.records``): more
-    #: than the episodes read, the longer record while its latest window agrees with it.
+    #: Its whole record on this task type (attempts, successes; ``nodes.records``): a
+    #: replica's confidence while its latest window agrees with it
+    #: (``scores.informed_confidence``). (0, 0): not read; its episodes read count instead.
     record: tuple[int, int] = (0, 0)
 
 

@@ -143,15 +143,16 @@ def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum:
                         record: tuple[int, int] = (0, 0)) -> float:
     """A bid's confidence: what the node's whole ``record`` on the task type says of it,
     smoothed toward its kin's rate there (``kin``), while its latest ``outcomes`` agree with
-    that (``window_agrees``); otherwise, and for a node with neither kin nor a record longer
-    than its episodes read, its estimate over the latest ``outcomes`` with the ``earlier``
-    ones as the prior (``windowed_confidence``). Never pushed under ``minimum`` (the
+    that (``window_agrees``); otherwise, and for a node without kin (none of which has a
+    record on the type), its estimate over the latest ``outcomes`` with the ``earlier`` ones
+    as the prior (``windowed_confidence``). Never pushed under ``minimum`` (the
     announcement's ``min_confidence``) by a prior alone.
 
     Replicas of one profile differ by a few points, which the 30 episodes read cannot tell
-    apart and their whole records can (bench/quality.py, 32 and 128 nodes at 50% load); a
-    node whose latest window is unlikely under its record (a node that started failing) is
-    judged on its latest episodes instead, as quickly as before.
+    apart and their whole records can (bench/quality.py, 32 to 256 nodes); a node whose latest
+    window is unlikely under its record (a node that started failing) is judged on its latest
+    episodes instead. A lone node keeps the two speeds: at 8 nodes its whole record queued
+    work behind the best nodes at 90% load (decision 0045).
     """
     read = (*outcomes, *earlier)
     own = estimated_success(outcomes)
