@@ -376,7 +376,7 @@ def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfi
         history = with_records(with_kin(
             {profile.name: cached_history(settings, profile.name, announcement.task_type, now,
                                           version)}, kin),
-            own_records(settings, announcement.task_type, [profile.name]))[profile.name]
+            own_records(settings, announcement.task_type, list(kin)))[profile.name]
     else:
         history = NodeHistory()
     return compute_bid(announcement, profile, history, now)

@@ -87,7 +87,7 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
     kin = kin_records(settings, announcement.task_type, bidding)
     histories = with_records(with_kin(
         cached_histories(settings, bidding, announcement.task_type, versions or {}, now), kin),
-        own_records(settings, announcement.task_type, bidding))
+        own_records(settings, announcement.task_type, list(kin)))
     return answers_of(announcement, profiles, histories, now)
 
 
@@ -119,7 +119,9 @@ def answers_inside(
 
     # Read before the award's transaction, from the cached live nodes and records.
     kin = kin_records(settings, announcement.task_type, bidding)
-    records = own_records(settings, announcement.task_type, bidding)
+    # Only a node with kin bids from its whole record (``scores.informed_confidence``); theirs
+    # came with the kin's read, from its cache.
+    records = own_records(settings, announcement.task_type, list(kin))
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
         histories = with_records(with_kin(histories_inside(

@@ -54,8 +54,9 @@ def records_of(settings: Settings, task_type: str,
 
 def own_records(settings: Settings, task_type: str,
                 nodes: Sequence[str]) -> Mapping[str, Record]:
-    """``records_of``, or none when the read fails: a bid then judges its node on the
-    episodes it read (``scores.informed_confidence``), rather than failing the auction."""
+    """``records_of`` for the bids of ``nodes`` (those with kin: only they bid from their
+    whole record, ``scores.informed_confidence``), or none when the read fails: a bid then
+    judges its node on the episodes it read, rather than failing the auction."""
     try:
         return records_of(settings, task_type, nodes)
     except Exception as exc:
