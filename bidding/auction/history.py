@@ -30,7 +30,7 @@ from bidding.models import Announcement, Bid, Refusal
 from bidding.nodes import history_version
 from bidding.nodes.kin import KinRecord, kin_records
 from bidding.nodes.profile import NodeProfile
-from bidding.nodes.records import Record, own_records
+from bidding.nodes.records import Record, records_of
 from bidding.store import read_session
 from bidding.store.direct import execute
 from bidding.store.engine import core
@@ -376,7 +376,7 @@ def place_bid(settings: Settings, announcement: Announcement, profile: NodeProfi
         history = with_records(with_kin(
             {profile.name: cached_history(settings, profile.name, announcement.task_type, now,
                                           version)}, kin),
-            own_records(settings, announcement.task_type, list(kin)))[profile.name]
+            records_of(settings, announcement.task_type, list(kin)))[profile.name]
     else:
         history = NodeHistory()
     return compute_bid(announcement, profile, history, now)

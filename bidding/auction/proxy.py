@@ -56,7 +56,7 @@ from bidding.context import Context
 from bidding.models import Announcement, Award, Bid, Refusal
 from bidding.nodes.kin import kin_records
 from bidding.nodes.profile import NodeProfile
-from bidding.nodes.records import own_records
+from bidding.nodes.records import records_of
 from bidding.nodes.registry import LiveNode
 from bidding.strategies.protocol import decides_at_once
 
@@ -87,7 +87,7 @@ def proxy_answers(settings: Settings, announcement: Announcement, nodes: Sequenc
     kin = kin_records(settings, announcement.task_type, bidding)
     histories = with_records(with_kin(
         cached_histories(settings, bidding, announcement.task_type, versions or {}, now), kin),
-        own_records(settings, announcement.task_type, list(kin)))
+        records_of(settings, announcement.task_type, list(kin)))
     return answers_of(announcement, profiles, histories, now)
 
 
@@ -121,7 +121,7 @@ def answers_inside(
     kin = kin_records(settings, announcement.task_type, bidding)
     # Only a node with kin bids from its whole record (``scores.informed_confidence``); theirs
     # came with the kin's read, from its cache.
-    records = own_records(settings, announcement.task_type, list(kin))
+    records = records_of(settings, announcement.task_type, list(kin))
 
     def make(session: Session, known: dict[str, NodeHistory]) -> list[Bid | Refusal]:
         histories = with_records(with_kin(histories_inside(

@@ -134,7 +134,14 @@ def kin_informed_prior(kin: tuple[int, int], own_overall: tuple[int, int],
     # the node's own node-wide record places it among them; a node's 30 episodes of the type
     # alone could not tell replicas a few points apart (bench/quality.py).
     prior = min(1.0, kin_prior(*kin) * replica_factor(own_overall, kin_overall))
-    return prior, max(SUCCESS_PRIOR_EPISODES, min(KIN_RECORD_EPISODES, float(kin[0])))
+    return prior, kin_weight(kin[0])
+
+
+def kin_weight(attempts: int) -> float:
+    """What the kin's record on a task type weighs as a prior, in episodes: as many as they
+    ran the type (``attempts``), up to ``KIN_RECORD_EPISODES``, at least
+    ``SUCCESS_PRIOR_EPISODES``."""
+    return max(SUCCESS_PRIOR_EPISODES, min(KIN_RECORD_EPISODES, float(attempts)))
 
 
 def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum: float,
@@ -161,9 +168,8 @@ def informed_confidence(outcomes: Sequence[bool], kin: tuple[int, int], minimum:
         # is no longer than they are.
         attempts, successes = record if record[0] >= len(read) else (
             len(read), sum(1 for ok in read if ok))
-        prior, weight = kin_prior(*kin), max(SUCCESS_PRIOR_EPISODES,
-                                             min(KIN_RECORD_EPISODES, float(kin[0])))
-        whole = smoothed_rate(attempts, successes, prior=prior, weight=weight)
+        whole = smoothed_rate(attempts, successes, prior=kin_prior(*kin),
+                              weight=kin_weight(kin[0]))
         if window_agrees(outcomes, whole):
             return max(whole, min(own, minimum))
     return windowed_confidence(outcomes, kin, minimum, earlier, own_overall=own_overall,

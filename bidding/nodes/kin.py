@@ -123,7 +123,7 @@ def kin_records(settings: Settings, task_type: str,
         if not kin:
             return {}
         # The asking nodes' own records with their kin's, in one read: the bids of those with
-        # kin read them next (``records.own_records``), from the cache this fills.
+        # kin read them next (``records.records_of``), from the cache this fills.
         records = records_of(settings, task_type,
                              sorted({*names, *(k for ks in kin.values() for k in ks)}))
     except Exception as exc:

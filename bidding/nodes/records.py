@@ -8,7 +8,6 @@ their histories; an announcer caches the answer per task type for
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 
 from sqlalchemy import bindparam, select
@@ -17,8 +16,6 @@ from bidding.config import Settings
 from bidding.store import read_session
 from bidding.store.covered import CoveredCache
 from bidding.store.schema import NodeRecord
-
-logger = logging.getLogger(__name__)
 
 #: A node's record on one task type: (finished attempts, successes).
 Record = tuple[int, int]
@@ -45,23 +42,13 @@ def records_of(settings: Settings, task_type: str,
     """``read_records``, cached per store and task type for ``bidding_live_cache_seconds``
     (the nodes a fresh answer did not cover are read and added to it).
 
-    The records only rank the nodes an auction asks: a read that fails (the store busy, a
-    dropped connection) gives the last answer or none, and the nodes without a record are
-    ranked by their node-wide record, rather than failing the announcement."""
+    The records rank the nodes an auction asks, and a replica bids from its own
+    (``scores.informed_confidence``): a read that fails (the store busy, a dropped
+    connection) gives the last answer or none, and the nodes without a record are ranked by
+    their node-wide record and bid from the episodes they read, rather than failing the
+    announcement."""
     return _cache.get((settings.database_url, task_type), nodes, settings.live_cache_seconds,
                       lambda missing: read_records(settings, task_type, missing))
-
-
-def own_records(settings: Settings, task_type: str,
-                nodes: Sequence[str]) -> Mapping[str, Record]:
-    """``records_of`` for the bids of ``nodes`` (those with kin: only they bid from their
-    whole record, ``scores.informed_confidence``), or none when the read fails: a bid then
-    judges its node on the episodes it read, rather than failing the auction."""
-    try:
-        return records_of(settings, task_type, nodes)
-    except Exception as exc:
-        logger.debug("could not read the nodes' records on %s: %s", task_type, exc)
-        return {}
 
 
 def invalidate_cache() -> None:

@@ -6,6 +6,7 @@ bids read the record from the store. A node without kin bids from its latest epi
 from __future__ import annotations
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from bidding.auction import scores
 from bidding.auction.bid import NodeHistory, compute_bid
@@ -14,6 +15,7 @@ from bidding.auction.proxy import answers_inside, proxy_answers
 from bidding.config import Settings
 from bidding.execution.episodes import record_attempt
 from bidding.models import Announcement, Bid
+from bidding.nodes import records
 from bidding.nodes.heartbeat import heartbeat
 from bidding.nodes.profile import NodeProfile
 from bidding.nodes.registry import live_nodes
@@ -151,3 +153,23 @@ def test_the_announcers_bids_for_a_replica_read_its_whole_record_too(settings: S
     for answer in (*before, *made):
         assert isinstance(answer, Bid)
         assert answer.confidence == pytest.approx(WHOLE)
+
+
+def test_a_replica_whose_records_cannot_be_read_bids_from_the_episodes_it_read(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given the same replicas, and the store failing every read of the nodes' records (a
+    # dropped connection on that statement)
+    profile = _replicas_with_episodes(settings)
+
+    def dropped(*args: object) -> dict[str, tuple[int, int]]:
+        raise OperationalError("SELECT ... bidding_node_records", {}, Exception("gone"))
+
+    monkeypatch.setattr(records, "read_records", dropped)
+    records.invalidate_cache()
+    # when north-1 bids on the type
+    bid = place_bid(settings, ANNOUNCEMENT, profile)
+    # then it still bids, from the 30 episodes it read (all successes), without its kin's
+    # record (read with the records): the two-speed estimate of a node without kin
+    assert isinstance(bid, Bid)
+    assert bid.confidence == pytest.approx(scores.windowed_confidence(
+        (True,) * 10, (0, 0), ANNOUNCEMENT.min_confidence, (True,) * 20))
