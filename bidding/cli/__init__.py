@@ -18,24 +18,56 @@ One module per family of commands (``node``, ``tasks``, ``federation``, ``serve`
 
 from __future__ import annotations
 
-import click
+import importlib
 
-from bidding.cli.db import db
-from bidding.cli.demo import demo, redis_server
-from bidding.cli.federation import check, nodes, prune, stats
-from bidding.cli.node import worker
-from bidding.cli.serve import api
-from bidding.cli.tasks import explain, monitor, reset, status, submit, tasks
+import click
 
 __all__ = ["main"]
 
+#: Each command, and where it lives (``module:attribute``).
+#: A command's module is imported when the command runs (or ``--help`` lists it): a node
+#: worker, which runs ``bidding worker`` for as long as it lives, never holds the modules of
+#: the other commands (the demo's, the API server's) in its memory.
+COMMANDS: dict[str, str] = {
+    "worker": "bidding.cli.node:worker",
+    "explain": "bidding.cli.tasks:explain",
+    "status": "bidding.cli.tasks:status",
+    "reset": "bidding.cli.tasks:reset",
+    "monitor": "bidding.cli.tasks:monitor",
+    "submit": "bidding.cli.tasks:submit",
+    "tasks": "bidding.cli.tasks:tasks",
+    "nodes": "bidding.cli.federation:nodes",
+    "stats": "bidding.cli.federation:stats",
+    "check": "bidding.cli.federation:check",
+    "prune": "bidding.cli.federation:prune",
+    "api": "bidding.cli.serve:api",
+    "db": "bidding.cli.db:db",
+    "demo": "bidding.cli.demo:demo",
+    "redis": "bidding.cli.demo:redis_server",
+}
 
-@click.group()
+
+class _LazyGroup(click.Group):
+    """A group whose commands are imported by name when they are looked up (click's own
+    pattern for lazily loaded subcommands)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every command's name, without importing any."""
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The command ``cmd_name`` (its module imported now), or None: click says it has no
+        such command."""
+        where = COMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, attribute = where.split(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"{where} is not a click command")
+        return command
+
+
+@click.group(cls=_LazyGroup)
 def main() -> None:
     """celery-bidding: nodes bid for tasks, the best bid wins, the task runs there."""
-
-
-for _command in (worker, explain, status, reset, monitor, submit, tasks, nodes, stats, check, prune,
-                 api, db, demo, redis_server):
-    main.add_command(_command)
-del _command

@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
-from bidding.demo.run import KEEP_HELP as DEMO_KEEP_HELP
-from bidding.demo.run import OPTIONS as DEMO_OPTIONS
+from bidding.demo.options import KEEP_HELP as DEMO_KEEP_HELP
+from bidding.demo.options import OPTIONS as DEMO_OPTIONS
 
 F = TypeVar("F", bound=Callable[..., Any])
 

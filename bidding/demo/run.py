@@ -24,6 +24,7 @@ from sqlalchemy import select
 
 from bidding import clock
 from bidding.demo.contests import contest_summary
+from bidding.demo.options import KEEP_HELP, OPTIONS
 
 DEMO_DIR = Path(".demo")
 DEFAULT_DB = f"sqlite:///{DEMO_DIR}/bidding.db"
@@ -170,15 +171,6 @@ def _printer(database_url: str, stop: threading.Event) -> None:
         stop.wait(0.1)
 
 
-#: The demo's options: (default, help), shared by ``python -m bidding.demo`` and ``bidding demo``.
-OPTIONS: dict[str, tuple[int | float, str]] = {
-    "tasks": (40, "tasks in the stream"),
-    "seed": (7, "seed of the stream's order and arguments"),
-    "concurrency": (0, "worker processes per node; 0: each node's capacity, as its profile says"),
-    "interval": (0.05, "seconds between submits"),
-}
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m bidding.demo [--tasks N] ...``: parse the options and ``run`` the demo."""
     parser = argparse.ArgumentParser(prog="python -m bidding.demo", description=__doc__)
@@ -191,9 +183,6 @@ def main(argv: list[str] | None = None) -> int:
                interval=args.interval, keep=args.keep)
 
 
-#: The help of ``--keep``, shared by ``python -m bidding.demo`` and ``bidding demo``.
-KEEP_HELP = ("after the summary, keep the dashboard, Flower, the nodes and the broker up "
-             "until Ctrl-C")
 
 
 def _addresses(web: list[Any]) -> None:

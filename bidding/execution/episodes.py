@@ -23,8 +23,6 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.sql.schema import ScalarElementColumnDefault
 
@@ -55,8 +53,19 @@ def _adding_to_record(stmt: Any) -> Any:
 
 _RECORD_COLUMNS: Final = {name: bindparam(name, type_=_RECORDS.c[name].type)
                           for name in ("node", "task_type", "attempts", "successes")}
-_TYPED = {"postgresql": _adding_to_record(postgresql_insert(_RECORDS).values(_RECORD_COLUMNS)),
-          "sqlite": _adding_to_record(sqlite_insert(_RECORDS).values(_RECORD_COLUMNS))}
+
+
+@cache
+def _typed(dialect: str) -> Any:
+    """The dialect's statement adding an episode to a node's record on its type (the dialect's
+    own ``INSERT``, imported here: a process on SQLite never loads PostgreSQL's, 2 MB)."""
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
+        return _adding_to_record(postgresql_insert(_RECORDS).values(_RECORD_COLUMNS))
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
+    return _adding_to_record(sqlite_insert(_RECORDS).values(_RECORD_COLUMNS))
 
 
 def count_episode(session: Session, node: str, success: bool, task_type: str | None = None,
@@ -68,7 +77,7 @@ def count_episode(session: Session, node: str, success: bool, task_type: str | N
     execute(conn, _RECORD, {"node": node, "won": int(success)})
     if task_type is not None and not lost:
         typed = {"node": node, "task_type": task_type, "attempts": 1, "successes": int(success)}
-        execute(conn, _TYPED[conn.dialect.name], typed)
+        execute(conn, _typed(conn.dialect.name), typed)
 
 
 def record_episode(session: Session, values: dict[str, Any]) -> None:
@@ -178,6 +187,8 @@ def _episode_with_claims(episode: tuple[str, ...]) -> Insert:
                for name, column in CLAIMS.items() if name not in episode}
     given = select(*(bindparam(f"e_{c}", type_=_EPISODES.c[c].type).label(c) for c in episode),
                    *(value.label(name) for name, value in claimed.items()))
+    from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+
     # SQLite reads "ON CONFLICT" after a SELECT without a WHERE as a join's ON.
     return (sqlite_insert(_EPISODES)
             .from_select([*episode, *claimed], given.where(true()))
@@ -190,6 +201,8 @@ def _record_attempt(episode: tuple[str, ...], charge: tuple[str, ...]) -> Update
     """``WITH charged AS (INSERT ledger ... ON CONFLICT DO NOTHING), recorded AS (INSERT
     episode ... ON CONFLICT DO NOTHING RETURNING node, success) UPDATE nodes ...``: the
     record counts the episode only if ``recorded`` has it (it was not stored before)."""
+    from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+
     # The bid's claims are copied by the same statement (no round trip of their own).
     claimed = {name: _claim_of(column, bindparam("e_task_id"), bindparam("e_attempt"),
                                bindparam("e_node"))

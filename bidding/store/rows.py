@@ -18,13 +18,19 @@ from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import Dialect, Insert, Table, insert
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from bidding.store.direct import DirectInsert, as_sqlalchemy_error, on_cursor
 from bidding.store.engine import core
 
-_POSTGRESQL = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+@lru_cache(maxsize=1)
+def _postgresql() -> Dialect:
+    """PostgreSQL's dialect, to spell the columns' types (imported on first use: a process on
+    SQLite never needs it, and it costs 2 MB)."""
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.dialect()  # type: ignore[no-untyped-call]
 
 
 def insert_rows(session: Session, table: Table, rows: Sequence[dict[str, Any]],
@@ -101,7 +107,7 @@ def _from_json(table: Table, columns: tuple[str, ...], returning: tuple[str, ...
     long: it fills every column of the table from each object.)
     """
     names = ", ".join(columns)
-    typed = ", ".join(f"{name} {table.c[name].type.compile(dialect=_POSTGRESQL)}"
+    typed = ", ".join(f"{name} {table.c[name].type.compile(dialect=_postgresql())}"
                       for name in columns)
     sql = (f"INSERT INTO {table.name} ({names}) SELECT {names} FROM ROWS FROM "
            f"(jsonb_to_recordset(%(rows)s::jsonb) AS ({typed})) WITH ORDINALITY "

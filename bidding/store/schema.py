@@ -8,12 +8,32 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Dialect, Float, ForeignKey, Index, Integer, String, Text
 from sqlalchemy import false as sa_false
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator, TypeEngine
 
-JSONType = JSON().with_variant(JSONB(), "postgresql")
+
+class JSONDocument(TypeDecorator[Any]):
+    """A JSON column: ``JSONB`` on PostgreSQL, ``JSON`` elsewhere.
+
+    The same as ``JSON().with_variant(JSONB(), "postgresql")``, but PostgreSQL's dialect is
+    imported only by a process that talks to PostgreSQL: a variant needs its type at import,
+    and the dialect costs every node on SQLite 2 MB of memory (bench/RESULTS.md)."""
+
+    impl = JSON
+    cache_ok = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        """``JSONB`` on PostgreSQL (imported here, on first use), ``JSON`` elsewhere."""
+        if dialect.name == "postgresql":
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+
+JSONType = JSONDocument()
 
 
 class Base(DeclarativeBase):

@@ -187,10 +187,10 @@ def test_the_auctions_statements_run_on_the_drivers_cursor(kind: str) -> None:
     from bidding.auction.opening import _direct_new
     from bidding.execution.episodes import (
         _RECORD,
-        _TYPED,
         CLAIMS,
         _episode_with_claims,
         _record_attempt,
+        _typed,
     )
     from bidding.lifecycle import journal
     from bidding.lifecycle.transition import _update, _with_messages
@@ -211,7 +211,7 @@ def test_the_auctions_statements_run_on_the_drivers_cursor(kind: str) -> None:
     assert _direct_new(tuple(new), dialect) is not None
     assert _direct_insert(journal.MESSAGES, tuple(message), dialect) is not None
     assert _direct_once(_TABLE, tuple(new), True, dialect) is not None
-    assert Direct.runs(_RECORD, dialect) and Direct.runs(_TYPED[kind], dialect)
+    assert Direct.runs(_RECORD, dialect) and Direct.runs(_typed(kind), dialect)
     # and the episode: SQLite's with its bid's claims; PostgreSQL's with its ledger entry and
     # records, and a node's start with its message, each one statement
     from bidding.store.schema import Episode, LedgerEntry
