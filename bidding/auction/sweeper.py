@@ -8,7 +8,9 @@
 3. watches winners (``watchdog.check_winners``): lost or late winners are replaced, undelivered
    executions sent again;
 4. reports outcomes (``report.report_results``): a final result or error the result backend
-   may lack (its write failed while the broker restarted) is written from the store.
+   may lack (its write failed while the broker restarted) is written from the store;
+5. on SQLite, checkpoints the store's write-ahead log (``checkpoint_wal``), so that the
+   writes a caller waits on do not.
 
 Beside them run the loops of the plug-ins that are on (``lifecycle.plugins``: task graphs
 advance those nobody moved for a while; the write-behind journal writes its awards to the
@@ -55,6 +57,7 @@ from bidding.lifecycle.plugins import plugins_of
 from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.heartbeat import LeaseSeen
 from bidding.nodes.periodic import IDLE_PASSES, Periodic, idle_pause
+from bidding.store import checkpoint
 from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
@@ -109,6 +112,13 @@ def sweep(ctx: Context) -> int:
     return check_winners(ctx)[1]
 
 
+def checkpoint_wal(ctx: Context) -> int:
+    """Copy a SQLite store's logged pages into its database file (``store.checkpoint``):
+    the log's pages checkpointed, 0 when nothing was logged since the last pass (or on
+    PostgreSQL), read from the file's size and time alone."""
+    return checkpoint.checkpoint(ctx.settings.database_url)
+
+
 def idle_interval(base: float, empty_passes: int, longest: float = IDLE_INTERVAL) -> float:
     """A phase's seconds between passes after ``empty_passes`` that found nothing in a row:
     ``base`` until ``IDLE_PASSES``, then doubling up to ``longest`` (never below ``base``: a
@@ -124,7 +134,8 @@ def found_work(result: object) -> bool:
 
 
 #: The phases of a sweep, by the name each is looked up under when it runs.
-PHASES = ("end_expired", "close_expired", "announce_due", "report_results", "check_winners")
+PHASES = ("end_expired", "close_expired", "announce_due", "report_results", "check_winners",
+          "checkpoint_wal")
 
 
 class Sweeper:
