@@ -36,10 +36,11 @@ def _wal_stamp(path: str) -> tuple[int, int] | None:
 
 def checkpoint(url: str) -> int:
     """Copy the SQLite store's logged pages into its database file (a ``PASSIVE``
-    checkpoint); return how many of the log's pages are in the database file now: 0 when the
-    log has not changed since this process's last checkpoint (no statement is run then), or
-    when ``url`` is not a SQLite file. A reader or another checkpoint in the way is not waited
-    for: the next call copies what this one could not."""
+    checkpoint); return how many pages the log held (those written since the last complete
+    checkpoint: the log starts over after one): 0 when it has not changed since this
+    process's last checkpoint (no statement is run then), or when ``url`` is not a SQLite
+    file. A reader or another checkpoint in the way is not waited for: the next call copies
+    what this one could not."""
     path = sqlite_path(url)
     if path is None:
         return 0
@@ -59,7 +60,7 @@ def checkpoint(url: str) -> int:
                 # BEGIN is SQLAlchemy's, not the driver's): a checkpoint inside one fails.
                 cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 row = cursor.fetchone()
-                busy, copied = (row[0], row[2]) if row is not None else (1, 0)
+                busy, logged = (row[0], row[1]) if row is not None else (1, 0)
             finally:
                 cursor.close()
         finally:
@@ -68,4 +69,4 @@ def checkpoint(url: str) -> int:
         # The stamp from before: a write during the checkpoint (whose pages it may not have
         # copied) changes the file, and the next call copies again.
         _seen[key] = stamp
-    return max(int(copied), 0)
+    return max(int(logged), 0)

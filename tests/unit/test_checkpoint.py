@@ -59,9 +59,9 @@ def test_writes_leave_their_pages_in_the_log_until_a_checkpoint_copies_them(
     # then the database file alone does not have them yet: no write checkpointed
     assert _rows_in_the_database_file(store_url, tmp_path) == 0
     # when the sweeper's checkpoint runs
-    copied = wal.checkpoint(store_url)
+    logged = wal.checkpoint(store_url)
     # then the database file has every row
-    assert copied > 1000
+    assert logged > 1000
     assert _rows_in_the_database_file(store_url, tmp_path) == 400
 
 
@@ -119,3 +119,21 @@ def test_the_sweepers_checkpoint_phase_does_nothing_on_postgresql() -> None:
     # then it does nothing, and says it found nothing (the phase idles)
     assert sweeper.checkpoint_wal(ctx) == 0
     assert "checkpoint_wal" in sweeper.PHASES
+
+
+def test_the_sweepers_phase_idles_on_a_few_heartbeats_and_keeps_pace_with_a_burst(
+    store_url: str,
+) -> None:
+    ctx = Context(Settings(database_url=store_url), Celery("c", set_as_current=False))
+    sweeper.checkpoint_wal(ctx)
+    # given a store that logged a few writes since the last pass (an idle federation's beats)
+    _write_rows(store_url, 5)
+    # when the phase runs, then it checkpoints them and counts as a pass that found nothing
+    assert sweeper.checkpoint_wal(ctx) == 0
+    # given a burst's worth of writes since
+    _write_rows(store_url, 400)
+    # then the pass says it found work (the phase keeps the sweep interval)
+    assert sweeper.checkpoint_wal(ctx) >= sweeper.BUSY_LOG_PAGES
+    # and no write was lost on the way
+    with read_session(store_url) as session:
+        assert session.execute(text("SELECT count(*) FROM filler")).scalar() == 405
