@@ -58,6 +58,7 @@ from bidding.lifecycle.retention import RetentionJob
 from bidding.nodes.heartbeat import LeaseSeen
 from bidding.nodes.periodic import IDLE_PASSES, Periodic, idle_pause
 from bidding.store import checkpoint
+from bidding.store.engine import is_sqlite
 from bidding.store.turns import quiet_turn
 
 logger = logging.getLogger(__name__)
@@ -114,9 +115,10 @@ def sweep(ctx: Context) -> int:
 
 def checkpoint_wal(ctx: Context) -> int:
     """Copy a SQLite store's logged pages into its database file (``store.checkpoint``;
-    nothing on PostgreSQL). Returns the pages the log held when a burst's worth had
-    piled up (``BUSY_LOG_PAGES``), else 0: an idle federation's heartbeats log a few pages
-    a second, and its checkpoints slow down to one every ``IDLE_INTERVAL`` like an idle phase."""
+    nothing on PostgreSQL). Returns the pages logged since its last checkpoint when a
+    burst's worth had piled up (``BUSY_LOG_PAGES``), else 0: an idle federation's heartbeats
+    log a few pages a second, and its checkpoints slow down to one every ``IDLE_INTERVAL``
+    like an idle phase."""
     logged = checkpoint.checkpoint(ctx.settings.database_url)
     return logged if logged >= BUSY_LOG_PAGES else 0
 
@@ -135,7 +137,7 @@ def found_work(result: object) -> bool:
     return isinstance(result, int) and result > 0
 
 
-#: A checkpoint that found at least this many pages in a SQLite store's log (SQLite's own
+#: A checkpoint that found at least this many new pages in a SQLite store's log (SQLite's own
 #: threshold for one) keeps the phase at ``bidding_sweep_interval``; one that found fewer
 #: counts as a pass that found nothing. So the log between two checkpoints stays far below
 #: the connections' own threshold (``store.engine.WAL_BACKSTOP_FRAMES``): up to a second of
@@ -170,7 +172,10 @@ class Sweeper:
         #: it could tell).
         self.next_at: float | None = None
         #: Passes in a row that found nothing, by phase.
-        self.empty: dict[str, int] = {name: 0 for name in PHASES}
+        #: This node's phases: the checkpoint's on SQLite alone (no thread waking for nothing).
+        self.phases = tuple(name for name in PHASES if name != "checkpoint_wal"
+                            or is_sqlite(settings.database_url))
+        self.empty: dict[str, int] = {name: 0 for name in self.phases}
         #: The idle phases the look found work for, each until its loop has run it.
         self.wanted: set[str] = set()
         #: When (``time.monotonic``) the idle look last finished, or the sweeping began.
@@ -184,8 +189,8 @@ class Sweeper:
         #: The loops that run while this node sweeps the federation.
         self.sweeping = [Periodic(f"bidding-sweeper-{name}", functools.partial(self.interval, name),
                                   functools.partial(self.run, name), jitter=PHASE_JITTER)
-                         for name in PHASES]
-        self._phase_loops = dict(zip(PHASES, self.sweeping, strict=True))
+                         for name in self.phases]
+        self._phase_loops = dict(zip(self.phases, self.sweeping, strict=True))
         #: The idle phases' look (``idle_look``), one statement instead of one per phase.
         self.sweeping.append(Periodic("bidding-sweeper-idle", self.look_interval,
                                       self.look_for_work, jitter=PHASE_JITTER))

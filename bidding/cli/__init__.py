@@ -19,6 +19,7 @@ One module per family of commands (``node``, ``tasks``, ``federation``, ``serve`
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import click
 
@@ -47,6 +48,10 @@ COMMANDS: dict[str, str] = {
 }
 
 
+#: click's error for an unknown command (click 8.2 and later; 8.1 says it without suggestions).
+_NO_SUCH_COMMAND: Any = getattr(click.exceptions, "NoSuchCommand", None)
+
+
 class _LazyGroup(click.Group):
     """A group whose commands are imported by name when they are looked up (click's own
     pattern for lazily loaded subcommands)."""
@@ -66,6 +71,19 @@ class _LazyGroup(click.Group):
         if not isinstance(command, click.Command):
             raise TypeError(f"{where} is not a click command")
         return command
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's, with "Did you mean ...?" among every command (click suggests from the
+        commands added to the group, and this one adds none)."""
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as exc:
+            if _NO_SUCH_COMMAND is None or not isinstance(exc, _NO_SUCH_COMMAND):
+                raise
+            raise _NO_SUCH_COMMAND(exc.command_name, possibilities=list(COMMANDS),
+                                   ctx=ctx) from None
 
 
 @click.group(cls=_LazyGroup)

@@ -63,6 +63,8 @@ def _typed(dialect: str) -> Any:
         from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 
         return _adding_to_record(postgresql_insert(_RECORDS).values(_RECORD_COLUMNS))
+    if dialect != "sqlite":
+        raise ValueError(f"no record statement for the {dialect!r} dialect")
     from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
     return _adding_to_record(sqlite_insert(_RECORDS).values(_RECORD_COLUMNS))

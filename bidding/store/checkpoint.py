@@ -20,8 +20,9 @@ import os
 from bidding.store.engine import engines, sqlite_path
 from bidding.store.forkguard import child_safe_lock, guard
 
-#: Each store file's log as this process's last checkpoint found it (modification time, size).
-_seen: dict[str, tuple[int, int]] = {}
+#: Each store file's log as this process's last checkpoint found it: the ``-wal`` file's
+#: stamp before it ran, whether it copied the whole log, and the pages the log held.
+_last: dict[str, tuple[tuple[int, int], bool, int]] = {}
 _lock = child_safe_lock()
 
 
@@ -36,17 +37,19 @@ def _wal_stamp(path: str) -> tuple[int, int] | None:
 
 def checkpoint(url: str) -> int:
     """Copy the SQLite store's logged pages into its database file (a ``PASSIVE``
-    checkpoint); return how many pages the log held (those written since the last complete
-    checkpoint: the log starts over after one): 0 when it has not changed since this
-    process's last checkpoint (no statement is run then), or when ``url`` is not a SQLite
-    file. A reader or another checkpoint in the way is not waited for: the next call copies
-    what this one could not."""
+    checkpoint); return how many pages were logged since this process's last checkpoint: 0
+    when nothing was (the ``-wal`` file unchanged since a checkpoint that copied the whole
+    log: no statement is run then), or when ``url`` is not a SQLite file. A reader that may
+    still need some of the log, or another checkpoint, is not waited for: the next call
+    copies what this one could not, whether or not anything was written since."""
     path = sqlite_path(url)
     if path is None:
         return 0
-    key = str(path)
+    # SQLite keeps the log beside the file it opened: through a link, beside its target.
+    key = os.path.realpath(path)
     stamp = _wal_stamp(key)
-    if stamp is None or _seen.get(key) == stamp:
+    last = _last.get(key)
+    if stamp is None or (last is not None and last[0] == stamp and last[1]):
         return 0
     # The engines (and the clock's reading, which takes the clock's lock and then the guard)
     # before the guard, as a session takes them.
@@ -56,17 +59,23 @@ def checkpoint(url: str) -> int:
         try:
             cursor = raw.cursor()
             try:
-                # Outside a transaction (the connection is in autocommit mode: the engine's
-                # BEGIN is SQLAlchemy's, not the driver's): a checkpoint inside one fails.
+                # Outside a transaction (the pool hands out its connections with none open,
+                # and the driver opens none of its own here): a checkpoint inside one fails.
                 cursor.execute("PRAGMA wal_checkpoint(PASSIVE)")
                 row = cursor.fetchone()
-                busy, logged = (row[0], row[1]) if row is not None else (1, 0)
             finally:
                 cursor.close()
         finally:
             raw.close()
-    if not busy:
-        # The stamp from before: a write during the checkpoint (whose pages it may not have
-        # copied) changes the file, and the next call copies again.
-        _seen[key] = stamp
-    return max(int(logged), 0)
+    # (busy, pages in the log, pages of it in the database file); busy: another checkpoint
+    # ran, and the two counts are -1. A reader in the way is not "busy": it shows as fewer
+    # pages copied than logged.
+    busy, logged, copied = (int(row[0]), int(row[1]), int(row[2])) if row else (1, -1, -1)
+    whole = not busy and copied == logged
+    # The stamp from before: a write during the checkpoint changes the file, and the next
+    # call copies again.
+    _last[key] = (stamp, whole, max(logged, 0))
+    # The log starts over once a checkpoint has copied all of it: after an incomplete one,
+    # the pages counted then are still in it.
+    before = last[2] if last is not None and not last[1] else 0
+    return max(logged - before if logged >= before else logged, 0)

@@ -23,6 +23,11 @@ class JSONDocument(TypeDecorator[Any]):
 
     impl = JSON
     cache_ok = True
+    # JSON's own, which a TypeDecorator does not inherit: the ORM writes an attribute left
+    # unset (or None) as SQL NULL, not JSON's 'null' (``result IS NULL`` finds a task without
+    # a result), and a JSON value is never used as a key.
+    should_evaluate_none = True
+    hashable = False
 
     def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
         """``JSONB`` on PostgreSQL (imported here, on first use), ``JSON`` elsewhere."""

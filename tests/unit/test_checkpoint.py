@@ -105,20 +105,43 @@ def test_a_checkpoint_does_not_wait_for_a_reader_and_the_next_copies_the_rest(
     finally:
         done.set()
         thread.join()
-    # and once the reader is done, the next pass copies the rest
-    _write_rows(store_url, 1)
-    wal.checkpoint(store_url)
-    assert _rows_in_the_database_file(store_url, tmp_path) == 26
+    # and once the reader is done, the next pass copies the rest, with nothing written since
+    # (and counts no page twice: none was logged since the first)
+    assert wal.checkpoint(store_url) == 0
+    assert _rows_in_the_database_file(store_url, tmp_path) == 25
 
 
-def test_the_sweepers_checkpoint_phase_does_nothing_on_postgresql() -> None:
+def test_a_store_opened_through_a_link_is_checkpointed_beside_its_target(
+    store_url: str, tmp_path: Path,
+) -> None:
+    # given a store whose URL names a symbolic link to its file (a mounted volume, say)
+    target = sqlite_path(store_url)
+    assert target is not None
+    link = tmp_path / "linked" / "store.db"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    linked = f"sqlite:///{link}"
+    _write_rows(linked, 400)
+    # when the sweeper's checkpoint runs on that URL
+    # then it found the log beside the target, and copied it
+    assert wal.checkpoint(linked) > 1000
+    assert _rows_in_the_database_file(store_url, tmp_path) == 400
+
+
+def test_the_sweepers_checkpoint_phase_runs_on_sqlite_alone() -> None:
     # given a PostgreSQL store (nothing is connected to)
     url = "postgresql+psycopg://nobody@127.0.0.1:1/none"
     ctx = Context(Settings(database_url=url), Celery("c", set_as_current=False))
-    # when the sweeper's checkpoint phase runs
-    # then it does nothing, and says it found nothing (the phase idles)
+    # when the sweeper's checkpoint phase runs, then it does nothing and found nothing
     assert sweeper.checkpoint_wal(ctx) == 0
-    assert "checkpoint_wal" in sweeper.PHASES
+    # and a sweeper on PostgreSQL has no checkpoint loop (no thread waking for nothing),
+    # one on SQLite has
+    on_postgresql = sweeper.Sweeper(ctx.settings, ctx.app, holder="n@host")
+    assert "checkpoint_wal" not in on_postgresql.phases
+    assert "bidding-sweeper-checkpoint_wal" not in {loop.name for loop in on_postgresql.loops}
+    on_sqlite = sweeper.Sweeper(Settings(database_url="sqlite:////nowhere/store.db"), ctx.app,
+                                holder="n@host")
+    assert "bidding-sweeper-checkpoint_wal" in {loop.name for loop in on_sqlite.loops}
 
 
 def test_the_sweepers_phase_idles_on_a_few_heartbeats_and_keeps_pace_with_a_burst(

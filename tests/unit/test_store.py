@@ -245,3 +245,21 @@ def test_percentile_of_no_values_is_none():
     # then there is no percentile
     assert percentile([], 50) is None
     assert percentile((), 99) is None
+
+
+def test_an_orm_row_leaves_its_unset_json_columns_null(settings) -> None:
+    from bidding.store.schema import JSONDocument
+
+    # given a node row written through the ORM without its optional JSON columns, as the
+    # code that writes new rows does (a new task's row leaves its result unset)
+    with write_session(settings.database_url) as session:
+        session.add(Node(name="plain"))
+    # then those columns are SQL NULL, not JSON's 'null': "IS NULL" finds them (a task's
+    # result is written where it is still NULL)
+    with read_session(settings.database_url) as session:
+        unset = session.scalars(select(Node.name).where(
+            Node.name == "plain", Node.resources.is_(None), Node.warm.is_(None),
+            Node.checking.is_(None))).all()
+        assert unset == ["plain"]
+    # and the type keeps JSON's own behaviour in the ORM: None evaluated, values unhashable
+    assert JSONDocument.should_evaluate_none and not JSONDocument.hashable
