@@ -171,10 +171,10 @@ class Sweeper:
         #: When the next idle phase has work, as the last look read (None: none has, as far as
         #: it could tell).
         self.next_at: float | None = None
-        #: Passes in a row that found nothing, by phase.
         #: This node's phases: the checkpoint's on SQLite alone (no thread waking for nothing).
         self.phases = tuple(name for name in PHASES if name != "checkpoint_wal"
                             or is_sqlite(settings.database_url))
+        #: Passes in a row that found nothing, by phase.
         self.empty: dict[str, int] = {name: 0 for name in self.phases}
         #: The idle phases the look found work for, each until its loop has run it.
         self.wanted: set[str] = set()
