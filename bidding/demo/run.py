@@ -183,8 +183,6 @@ def main(argv: list[str] | None = None) -> int:
                interval=args.interval, keep=args.keep)
 
 
-
-
 def _addresses(web: list[Any]) -> None:
     """Print where the running web services are."""
     for s in web:

@@ -23,9 +23,10 @@ class JSONDocument(TypeDecorator[Any]):
 
     impl = JSON
     cache_ok = True
-    # JSON's own, which a TypeDecorator does not inherit: the ORM writes an attribute left
-    # unset (or None) as SQL NULL, not JSON's 'null' (``result IS NULL`` finds a task without
-    # a result), and a JSON value is never used as a key.
+    # JSON's own, which a TypeDecorator does not inherit: the ORM leaves an attribute left
+    # unset out of its INSERT, so the column is SQL NULL, not JSON's 'null' (``result IS
+    # NULL`` finds a task without a result; an explicit None is JSON's null, as with JSON),
+    # and a JSON value is never used as a key.
     should_evaluate_none = True
     hashable = False
 
