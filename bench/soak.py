@@ -215,7 +215,9 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
     watcher = OutcomeWatcher(database_url)
     sampler = Sampler(database_url, lambda: {
         n: p.process.pid for n, p in federation.nodes.items() if p.process.poll() is None},
-        every=SAMPLE_EVERY if config.minutes > 0 else 1e9)
+        every=SAMPLE_EVERY if config.minutes > 0 else 1e9,
+        overdue_after=(overdue_after(config.retention_seconds)
+                       if config.retention_seconds > 0 else None))
     started = time.time()
     try:
         federation.start(profiles)
@@ -273,6 +275,23 @@ def _lived(config: SoakConfig) -> float:
     """How long after its warm-up a worker must have lived to have its memory reported: a
     third of the run (the kills and the broker's restarts end most workers sooner)."""
     return config.submit_seconds / 3
+
+
+def overdue_after(retention_seconds: float) -> float:
+    """Seconds after its end by which a finished task must be gone from the store: its
+    retention, then up to three prune intervals (the prune runs every interval, and a run
+    may be lost with the node killed while it ran)."""
+    return retention_seconds + 3 * prune_every_seconds(retention_seconds)
+
+
+def prune_every_seconds(retention_seconds: float) -> float:
+    """The nodes' prune interval for a retention of ``retention_seconds``."""
+    from bidding.config import Settings
+    from bidding.lifecycle.retention import prune_every
+
+    every = prune_every(Settings(retention_days=retention_seconds / 86_400))
+    assert every is not None
+    return every
 
 
 def _prunes(database_url: str) -> int:
@@ -384,10 +403,13 @@ def report(result: SoakResult) -> str:
         *([] if not result.most_rows else [
             "- the store's largest row counts: " + ", ".join(
                 f"{t.removeprefix('bidding_')} {n}" for t, n in result.most_rows.items()
-                if t != "bytes")
+                if t not in ("bytes", "overdue"))
             + (f"; its size at most {result.most_rows['bytes'] / 2**20:.1f} MiB"
                if "bytes" in result.most_rows else "")
-            + f"; the retention job ran {result.prunes} time(s)"]),
+            + f"; the retention job ran {result.prunes} time(s)"
+            + (f"; at most {result.most_rows['overdue']} finished task(s) left"
+               f" {overdue_after(c.retention_seconds):g} s after their end"
+               if "overdue" in result.most_rows else "")]),
         *([] if not result.memory else [
             f"- memory of the workers that lived {_lived(c) / 60:.0f} min or more past their "
             "two-minute warm-up (RSS, with their pool processes): " + "; ".join(

@@ -149,6 +149,9 @@ class Sampler:
     database_url: str
     workers: Any  # () -> {node name: pid}
     every: float = SAMPLE_EVERY
+    #: With a retention on: seconds after its end by which a finished, reported task must
+    #: have been pruned. Each sample counts the tasks older than that, under ``"overdue"``.
+    overdue_after: float | None = None
     samples: list[Sample] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -181,6 +184,14 @@ class Sampler:
             with read_session(self.database_url) as session:
                 rows = {t: int(session.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                         for t in COUNTED}
+                if self.overdue_after is not None:
+                    # What the prune may delete (final, reported) yet is still here long
+                    # after its retention ended: a prune that fell behind.
+                    rows["overdue"] = int(session.execute(text(
+                        "SELECT count(*) FROM bidding_announcements WHERE state IN"
+                        " ('SUCCESS', 'FAILED', 'ESCALATED') AND report_due IS NULL"
+                        " AND finished_at < :cutoff"),
+                        {"cutoff": time.time() - self.overdue_after}).scalar_one())
                 # The store's size on disk (its tables and indexes), under a key of its own.
                 rows["bytes"] = (int(session.execute(text(
                     "SELECT pg_database_size(current_database())")).scalar_one())

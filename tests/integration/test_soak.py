@@ -59,10 +59,12 @@ def test_a_timed_chaos_soak_with_a_short_retention_loses_nothing(tmp_path: Path)
     assert not result.chaos_errors, text
     assert result.verdict.ok, text
     assert result.verdict.accepted >= 300, text
-    # and the retention kept the store's size bounded: it ran, and the store never held the
-    # run's every task
+    # and the retention kept the store's size bounded: it ran, the store never held the run's
+    # every task, and no finished task stayed long past its retention (the bound follows the
+    # prunes, not how many tasks a slow machine has in flight at once)
     assert result.prunes >= 2, text
-    assert result.most_rows["bidding_announcements"] < result.verdict.accepted * 3 // 4, text
+    assert result.most_rows["bidding_announcements"] < result.verdict.accepted, text
+    assert result.most_rows["overdue"] == 0, text
     # and the protocol checker finds every task's message log in order, faults and all
     assert result.protocol is not None, text
     assert result.protocol.violations == [], text
