@@ -160,37 +160,36 @@ def test_a_transaction_that_rolls_back_logs_nothing(settings: Settings) -> None:
         assert session.scalars(select(Message.task_id)).all() == ["t2"]
 
 
-def test_rows_go_in_with_their_ids_returned(settings: Settings) -> None:
+def test_rows_go_in_with_their_ids_returned_in_their_order(settings: Settings) -> None:
     url = settings.database_url
-    # given an announcement
+    # given an announcement with bids stored already
     announcement = Announcement(task_id="t1", task_name="tasks.t", task_type="t", announced_at=1.0)
     with write_session(url) as session:
         session.add(AnnouncementRow(**row_values(announcement, states.BIDDING, [])))
-    rows = [
-        {
-            "task_id": "t1",
-            "attempt": 1,
-            "node": f"n{i}",
-            "will_bid": i != 1,
-            "reason": "",
-            "payload": {"i": i},
-            "breakdown": {},
-            "score": i / 10,
-            "is_winner": i == 2,
-            "late": False,
-            "bid_at": float(i),
-        }
-        for i in range(250)
-    ]
-    # when 250 rows are inserted, returning their ids
+
+    def bids(names: list[str]) -> list[dict[str, Any]]:
+        return [{"task_id": "t1", "attempt": 1, "node": name, "will_bid": name != "n1",
+                 "reason": "", "payload": {"i": i}, "breakdown": {}, "score": i / 10,
+                 "is_winner": name == "n2", "late": False, "bid_at": float(i)}
+                for i, name in enumerate(names)]
+
     with write_session(url) as session:
-        got = insert_rows(session, BidRow.__table__, rows, returning=("id", "node"))
-    # then each row is stored as given, and the ids returned are theirs
-    assert len(got) == 250
+        earlier = insert_rows(session, BidRow.__table__, bids(["e0", "e1", "e2"]),
+                              returning=("id",))
+    # when 250 rows are inserted, returning their ids and two of their columns
+    names = [f"n{i}" for i in range(250)]
+    with write_session(url) as session:
+        got = insert_rows(session, BidRow.__table__, bids(names),
+                          returning=("id", "node", "is_winner"))
+    # then each row is stored as given, and what is returned is theirs, in their order,
+    # typed as the columns are (none of the earlier rows among them)
+    assert [node for _, node, _ in got] == names
+    assert [is_winner for _, _, is_winner in got] == [name == "n2" for name in names]
+    assert all(type(is_winner) is bool for _, _, is_winner in got)
+    assert not {row_id for row_id, *_ in got} & {row_id for row_id, in earlier}
     with read_session(url) as session:
         stored = {b.id: b for b in session.scalars(select(BidRow))}
-    assert {stored[row_id].node for row_id, _ in got} == {f"n{i}" for i in range(250)}
-    assert all(stored[row_id].node == node for row_id, node in got)
+    assert all(stored[row_id].node == node for row_id, node, _ in got)
     by_node = {b.node: b for b in stored.values()}
     assert by_node["n2"].is_winner and not by_node["n1"].will_bid
     assert by_node["n7"].payload == {"i": 7} and by_node["n7"].score == pytest.approx(0.7)
