@@ -243,6 +243,33 @@ def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.05) -
     return bool(predicate())  # type: ignore[operator]
 
 
+def finished_in_the_database_file(database_url: str, task_ids: list[str], scratch: Path) -> bool:
+    """Whether a SQLite store's database file alone, its write-ahead log left out, has every
+    one of ``task_ids`` in SUCCESS: what a checkpoint copied there (a copy of the file is
+    read, in ``scratch``)."""
+    import shutil
+    import sqlite3
+
+    from bidding.store.engine import sqlite_path
+
+    path = sqlite_path(database_url)
+    assert path is not None, f"{database_url} is no SQLite store"
+    alone = scratch / "alone.db"
+    shutil.copyfile(path, alone)
+    try:
+        with sqlite3.connect(alone) as conn:
+            marks = ",".join("?" * len(task_ids))
+            done = conn.execute(
+                f"SELECT count(*) FROM bidding_announcements WHERE task_id IN ({marks})"
+                " AND state = 'SUCCESS'", task_ids).fetchone()[0]
+    except sqlite3.DatabaseError:  # copied while a checkpoint wrote it: look again
+        return False
+    finally:
+        for leftover in scratch.glob("alone.db*"):
+            leftover.unlink()
+    return bool(done == len(task_ids))
+
+
 def assert_no_confident_bid(cluster: Cluster) -> None:
     """Seed 001's outcome when every bid's confidence is too low: given a task type every node
     has failed twice (confidence (0 + 2) / (2 + 2) = 0.5), a task announced with

@@ -38,6 +38,7 @@ from tests.integration.conftest import (
     ROOT,
     Cluster,
     assert_no_confident_bid,
+    finished_in_the_database_file,
     wait_for,
 )
 
@@ -616,39 +617,15 @@ def test_bidding_check_passes_real_logs_and_names_each_task_whose_log_was_corrup
 def test_the_sweeping_node_checkpoints_a_sqlite_stores_log(
     cluster: Cluster, tmp_path: Any,
 ) -> None:
-    import shutil
-    import sqlite3
-
-    from bidding.store.engine import sqlite_path
-
     if cluster.backend != "sqlite":
         pytest.skip("a SQLite store's write-ahead log only")
-    path = sqlite_path(cluster.settings.database_url)
-    assert path is not None
     # given the cluster's nodes, one of them sweeping the federation
     # when ten tasks run to their end (their final states are in the store's log: no write
     # checkpoints before 10,000 pages of it, and these write a few hundred)
     results = [shared.delay(i) for i in range(10)]
     assert [r.get(timeout=30)["value"] for r in results] == list(range(10))
     ids = [r.id for r in results]
-
-    def finished_in_the_database_file() -> bool:
-        # The database file alone (its log left out) has only what a checkpoint copied there.
-        alone = tmp_path / "alone.db"
-        shutil.copyfile(path, alone)
-        try:
-            with sqlite3.connect(alone) as conn:
-                marks = ",".join("?" * len(ids))
-                done = conn.execute(
-                    f"SELECT count(*) FROM bidding_announcements WHERE task_id IN ({marks})"
-                    " AND state = 'SUCCESS'", ids).fetchone()[0]
-        except sqlite3.DatabaseError:  # copied while a checkpoint wrote it: look again
-            return False
-        finally:
-            for leftover in tmp_path.glob("alone.db*"):
-                leftover.unlink()
-        return bool(done == len(ids))
-
     # then within a few of the sweeper's passes the database file itself has them finished:
     # the sweeping node checkpointed the log
-    assert wait_for(finished_in_the_database_file, timeout=10, interval=0.2)
+    assert wait_for(lambda: finished_in_the_database_file(
+        cluster.settings.database_url, ids, tmp_path), timeout=10, interval=0.2)
