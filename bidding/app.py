@@ -41,6 +41,7 @@ from bidding.graphs.plugin import GraphPlugin
 from bidding.lifecycle.lease import SWEEPER
 from bidding.lifecycle.plugins import use
 from bidding.nodes import garbage, incarnation
+from bidding.nodes.arenas import limit_arenas
 from bidding.nodes.heartbeat import Heartbeat
 from bidding.nodes.profile import (
     PROFILE_ENV,
@@ -169,6 +170,8 @@ class NodeStep(bootsteps.Step):  # type: ignore[misc]  # Celery is untyped
         profile = current_profile(settings)
         if profile is None:
             return
+        # Before this process starts its threads (and forks its pool, which inherits it).
+        limit_arenas(settings.malloc_arenas)
         # A bidder that does not resolve stops the worker here, naming the profile and key,
         # rather than refusing every bid later.
         node_bidder(profile, profile_source(settings))

@@ -345,6 +345,16 @@ def census(self: Any) -> dict[str, int]:
     return {"pid": os.getpid(), "exception_infos": held}
 
 
+@app.task(shared=False, base=bidding.BiddingTask, task_type="arenas",
+          required_skills=["doomed"], bidding={"min_trust": 0.0})
+def arenas() -> int:
+    """How many malloc arenas eight threads that allocate at once end up with in this pool
+    process (``tests.arenas``)."""
+    from tests.arenas import arenas_after_threads
+
+    return arenas_after_threads(8)
+
+
 @app.task(shared=False, base=bidding.BiddingTask, bind=True, task_type="queued",
           required_skills=["shared"])
 def queued(self: Any, label: str, key: str, seconds: float = 0.0) -> str:

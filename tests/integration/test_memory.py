@@ -1,4 +1,5 @@
-"""A node worker's pool process does not keep what its failed tasks left behind.
+"""A node worker's pool process does not keep what its failed tasks left behind, and shares
+two malloc arenas among its threads.
 
 Celery keeps each failed task's exception info in a reference cycle; without a full
 collection (which a long-lived pool process runs rarely) a process that fails tasks grows by
@@ -10,7 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.app import census, doomed
+from bidding.nodes.arenas import glibc
+from tests.integration.app import arenas, census, doomed
 from tests.integration.conftest import Cluster, store_cluster
 
 pytestmark = pytest.mark.integration
@@ -39,3 +41,14 @@ def test_a_pool_process_holds_nothing_of_the_tasks_that_failed_in_it(lone: Clust
     assert pids.count(seen["pid"]) >= 5, f"few of the failures ran in process {seen}: {pids}"
     # (at most the last failure's, which the pool's loop still holds until the next result)
     assert seen["exception_infos"] <= 1, seen
+
+
+
+@pytest.mark.skipif(not glibc(), reason="malloc arenas are glibc's")
+def test_a_node_workers_processes_share_two_malloc_arenas(lone: Cluster) -> None:
+    # given a node worker started with the library's defaults (bidding_malloc_arenas = 2,
+    # no MALLOC_ARENA_MAX), whose main process capped its arenas before forking its pool
+    # when a task in a pool process starts eight threads that allocate at once
+    found = arenas.delay().get(timeout=15)
+    # then they share the two arenas (glibc's default would give each its own)
+    assert 1 <= found <= 2, found
