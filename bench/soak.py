@@ -84,6 +84,8 @@ class SoakConfig:
     minutes: float = 0.0
     #: The nodes' retention in seconds (``bidding_retention_days``; 0: the library's 30 days).
     retention_seconds: float = 0.0
+    #: Seconds between two samples of memory and row counts (timed soaks only).
+    sample_every: float = SAMPLE_EVERY
 
     @property
     def count(self) -> int:
@@ -215,9 +217,10 @@ def _soak_in_env(config: SoakConfig, folder: Path, broker: PrivateRedis,
     watcher = OutcomeWatcher(database_url)
     sampler = Sampler(database_url, lambda: {
         n: p.process.pid for n, p in federation.nodes.items() if p.process.poll() is None},
-        every=SAMPLE_EVERY if config.minutes > 0 else 1e9,
+        every=config.sample_every if config.minutes > 0 else 1e9,
+        retention=config.retention_seconds if config.retention_seconds > 0 else None,
         overdue_after=(overdue_after(config.retention_seconds)
-                       if config.retention_seconds > 0 else None))
+                       if config.retention_seconds > 0 else 0.0))
     started = time.time()
     try:
         federation.start(profiles)
@@ -278,10 +281,10 @@ def _lived(config: SoakConfig) -> float:
 
 
 def overdue_after(retention_seconds: float) -> float:
-    """Seconds after its end by which a finished task must be gone from the store: its
-    retention, then up to three prune intervals (the prune runs every interval, and a run
-    may be lost with the node killed while it ran)."""
-    return retention_seconds + 3 * prune_every_seconds(retention_seconds)
+    """Seconds a task may stay in the store once a prune could delete it: three prune
+    intervals (the nodes look every interval, give or take a quarter, and a prune may be lost
+    with the node killed while it ran)."""
+    return 3 * prune_every_seconds(retention_seconds)
 
 
 def prune_every_seconds(retention_seconds: float) -> float:
@@ -407,8 +410,8 @@ def report(result: SoakResult) -> str:
             + (f"; its size at most {result.most_rows['bytes'] / 2**20:.1f} MiB"
                if "bytes" in result.most_rows else "")
             + f"; the retention job ran {result.prunes} time(s)"
-            + (f"; at most {result.most_rows['overdue']} finished task(s) left"
-               f" {overdue_after(c.retention_seconds):g} s after their end"
+            + (f"; at most {result.most_rows['overdue']} task(s) left"
+               f" {overdue_after(c.retention_seconds):g} s after a prune could delete them"
                if "overdue" in result.most_rows else "")]),
         *([] if not result.memory else [
             f"- memory of the workers that lived {_lived(c) / 60:.0f} min or more past their "

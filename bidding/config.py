@@ -123,7 +123,8 @@ class Settings(BaseModel):
     db_transaction_pooler: bool = False
     #: The most malloc arenas a node worker's processes use, on glibc (bidding.nodes.arenas):
     #: each of a node's threads would otherwise keep an arena of its own, about 1.5 MB more
-    #: on the sweeping node. 0 leaves glibc's default; ``MALLOC_ARENA_MAX``, when set, wins.
+    #: on the sweeping node. 0 leaves glibc's default; ``MALLOC_ARENA_MAX`` (or glibc's
+    #: ``arena_max`` tunable), when set, wins.
     malloc_arenas: int = Field(2, ge=0, le=1024)
     #: Days a finished task is kept in the store, with its bids, messages, ledger entries and
     #: graph rows; one node worker at a time prunes older ones, a tenth of this apart (at most

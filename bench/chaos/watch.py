@@ -149,10 +149,14 @@ class Sampler:
     database_url: str
     workers: Any  # () -> {node name: pid}
     every: float = SAMPLE_EVERY
-    #: With a retention on: seconds after its end by which a finished, reported task must
-    #: have been pruned. Each sample counts the tasks older than that, under ``"overdue"``.
-    overdue_after: float | None = None
+    #: The nodes' retention in seconds (None: off). With it, each sample also counts, under
+    #: ``"overdue"``, the tasks a prune could have deleted (``retention.PRUNABLE_TASKS``) for
+    #: ``overdue_after`` seconds since a sample first saw them so, and that are still here.
+    retention: float | None = None
+    overdue_after: float = 0.0
     samples: list[Sample] = field(default_factory=list)
+    #: task id -> when a sample first saw it prunable.
+    _prunable_since: dict[str, float] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -184,20 +188,29 @@ class Sampler:
             with read_session(self.database_url) as session:
                 rows = {t: int(session.execute(text(f"SELECT count(*) FROM {t}")).scalar_one())
                         for t in COUNTED}
-                if self.overdue_after is not None:
-                    # What the prune may delete (final, reported) yet is still here long
-                    # after its retention ended: a prune that fell behind.
-                    rows["overdue"] = int(session.execute(text(
-                        "SELECT count(*) FROM bidding_announcements WHERE state IN"
-                        " ('SUCCESS', 'FAILED', 'ESCALATED') AND report_due IS NULL"
-                        " AND finished_at < :cutoff"),
-                        {"cutoff": time.time() - self.overdue_after}).scalar_one())
+                if self.retention is not None:
+                    rows["overdue"] = self._overdue(session)
                 # The store's size on disk (its tables and indexes), under a key of its own.
                 rows["bytes"] = (int(session.execute(text(
                     "SELECT pg_database_size(current_database())")).scalar_one())
                     if session.get_bind().dialect.name == "postgresql"
                     else sum(f.stat().st_size for f in _sqlite_files(self.database_url)))
         self.samples.append(Sample(time.time(), rss, rows))
+
+    def _overdue(self, session: Any) -> int:
+        """How many tasks have stayed prunable ``overdue_after`` seconds since a sample first
+        saw them so: a prune that fell behind. (Counted from when a task became prunable, not
+        from its end: its final state's report to the result backend, which a killed
+        sweeper's lease may hold up, comes first.)"""
+        from bidding import clock
+        from bidding.lifecycle.retention import PRUNABLE_TASKS
+
+        assert self.retention is not None
+        now = clock.now()
+        found = set(session.scalars(PRUNABLE_TASKS, {"cutoff": now - self.retention}))
+        since = {task: self._prunable_since.get(task, now) for task in found}
+        self._prunable_since = since
+        return sum(now - first >= self.overdue_after for first in since.values())
 
     def memory_growth(self, warm_up: float, lived: float
                       ) -> list[tuple[str, int, int, int, float]]:

@@ -127,6 +127,8 @@ _PRUNABLE = and_(
     AnnouncementRow.report_due.is_(None),
     ~_graph_running(AnnouncementRow.task_id),
 )
+#: Every task a prune with ``cutoff`` would delete (for a check from outside: the soak's).
+PRUNABLE_TASKS = select(AnnouncementRow.task_id).where(_PRUNABLE)
 _TASKS = (select(AnnouncementRow.task_id).where(_PRUNABLE)
           .order_by(AnnouncementRow.finished_at).limit(bindparam("batch")))
 _GRAPHS = (select(Graph.graph_id)

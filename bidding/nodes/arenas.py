@@ -7,13 +7,13 @@ the heartbeat, the lease, the monitor, the retention look), and each kept a litt
 the sweeping node's main process was 1.5-2.5 MB larger than a standby's (81-82 MB against
 79 MB, bench/RESULTS.md). Python's threads take turns under its global lock, so they gain
 little from arenas of their own; capped at two (``bidding_malloc_arenas``) the sweeping node
-measured 80 MB. ``MALLOC_ARENA_MAX`` in the environment is glibc's own knob for the same
-limit: when it is set, it is left as it is. The pool processes forked after the cap inherit it.
+measured 80 MB. ``MALLOC_ARENA_MAX`` and ``GLIBC_TUNABLES=glibc.malloc.arena_max=N`` in the
+environment are glibc's own knobs for the same limit: when either is set, it is left as it
+is. The pool processes forked after the cap inherit it.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 
@@ -27,16 +27,24 @@ def glibc() -> bool:
     """Whether this process's C library is glibc (``mallopt`` elsewhere differs or is a stub)."""
     try:
         return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-    except (ValueError, OSError):  # no such name on this platform
+    except (AttributeError, ValueError, OSError):  # no confstr (Windows), or no such name
         return False
+
+
+def set_by_environment() -> bool:
+    """Whether the environment sets glibc's arena limit itself."""
+    return bool(os.environ.get("MALLOC_ARENA_MAX")
+                or "malloc.arena_max" in os.environ.get("GLIBC_TUNABLES", ""))
 
 
 def limit_arenas(arenas: int) -> bool:
     """Cap this process's malloc arenas at ``arenas`` (0: leave glibc's default). Call it
     before the threads it is for start: a thread keeps the arena it was given. True when the
-    cap was set; False where it does not apply (0, not glibc, ``MALLOC_ARENA_MAX`` set)."""
-    if arenas <= 0 or os.environ.get("MALLOC_ARENA_MAX") or not glibc():
+    cap was set; False where it does not apply (0, not glibc, the environment's own limit)."""
+    if arenas <= 0 or set_by_environment() or not glibc():
         return False
+    import ctypes  # here: a process that caps nothing does not pay for the module
+
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):

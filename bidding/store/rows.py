@@ -7,7 +7,7 @@ rows travel as one JSON array, unpacked by the server (``jsonb_to_recordset``): 
 statement's text never changes, so psycopg and the server parse and plan it once (a
 multi-row ``VALUES`` list is new text for every row count, and psycopg spent more time
 parsing its placeholders than the server inserting). SQLite runs in the process: its
-executemany (or, to return ids, SQLAlchemy's multi-row ``VALUES``) costs no round trip.
+executemany costs no round trip, and the new rows' ids are read back after it (``_AfterRowid``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Connection, Dialect, Insert, Integer, Table, bindparam, func, insert, select
+from sqlalchemy import Connection, Dialect, Insert, Table, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from bidding.store.direct import Direct, DirectInsert, as_sqlalchemy_error, on_cursor
@@ -137,10 +137,11 @@ def _direct_insert(table: Table, columns: tuple[str, ...],
 class _AfterRowid:
     """SQLite's INSERT of several rows that reads ``returning`` back, on the driver's cursor:
     the table's largest key, the driver's executemany, then the rows with a larger key in key
-    order. The write transaction holds SQLite's write lock, so every row past that key is one
-    of these, and a new row's key is larger than any the table held: they come back in the
-    order they went in. (SQLAlchemy's multi-row ``VALUES ... RETURNING`` took 0.4-0.5 ms for
-    an award's bids, most of it SQLAlchemy's own Python.)"""
+    order. The write transaction holds SQLite's write lock from the first read to the last, and
+    SQLite gives a new row the largest key then in the table plus one (its rowid): every row
+    past the key read first is one of these, and they come back in the order they went in.
+    (SQLAlchemy's multi-row ``VALUES ... RETURNING`` cost 0.15 ms more for an award's bids,
+    most of it SQLAlchemy's own Python.)"""
 
     def __init__(self, insert_: DirectInsert, largest: Direct, read: Direct) -> None:
         self.insert = insert_
@@ -159,11 +160,12 @@ class _AfterRowid:
 def _after_rowid(table: Table, columns: tuple[str, ...], returning: tuple[str, ...],
                  dialect: Dialect) -> _AfterRowid | None:
     """The read-back INSERT on SQLite's cursor, or None where it does not apply: another store,
-    a key that is not one integer column SQLite fills (its rowid), or a default only
-    SQLAlchemy's execution can compute."""
+    a key that is not one ``INTEGER`` column SQLite fills itself (its rowid: no value given,
+    no default), or a default only SQLAlchemy's execution can compute."""
     keys = list(table.primary_key.columns)
-    if (dialect.name != "sqlite" or len(keys) != 1 or not isinstance(keys[0].type, Integer)
-            or keys[0].name in columns):
+    if (dialect.name != "sqlite" or len(keys) != 1 or keys[0].name in columns
+            or keys[0].default is not None or keys[0].server_default is not None
+            or keys[0].type.compile(dialect=dialect) != "INTEGER"):
         return None
     key = keys[0]
     insert_ = DirectInsert.of(table, columns, dialect)

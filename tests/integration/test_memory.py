@@ -43,7 +43,6 @@ def test_a_pool_process_holds_nothing_of_the_tasks_that_failed_in_it(lone: Clust
     assert seen["exception_infos"] <= 1, seen
 
 
-
 @pytest.mark.skipif(not glibc(), reason="malloc arenas are glibc's")
 def test_a_node_workers_processes_share_two_malloc_arenas(lone: Cluster) -> None:
     # given a node worker started with the library's defaults (bidding_malloc_arenas = 2,

@@ -45,7 +45,7 @@ def test_a_timed_chaos_soak_with_a_short_retention_loses_nothing(tmp_path: Path)
     # is the long one: bench/RESULTS.md)
     config = SoakConfig(nodes=4, rate=6.0, minutes=1.0, kill_every=12.0, broker_restarts=1,
                         store_restarts=0, sever_every=2.0, retention_seconds=15.0,
-                        timeout=240.0)
+                        sample_every=5.0, timeout=240.0)
     # when workers are killed and restarted every 12 s and the broker restarts meanwhile,
     # while every connection to the store is ended every 2 s (a failover, a PgBouncer restart)
     result = run(config, tmp_path)
@@ -60,11 +60,11 @@ def test_a_timed_chaos_soak_with_a_short_retention_loses_nothing(tmp_path: Path)
     assert result.verdict.ok, text
     assert result.verdict.accepted >= 300, text
     # and the retention kept the store's size bounded: it ran, the store never held the run's
-    # every task, and no finished task stayed long past its retention (the bound follows the
-    # prunes, not how many tasks a slow machine has in flight at once)
+    # every task, and no task stayed three prune intervals after a prune could delete it (a
+    # bound that follows the prunes, not how many tasks a slow machine has in flight)
     assert result.prunes >= 2, text
-    assert result.most_rows["bidding_announcements"] < result.verdict.accepted, text
-    assert result.most_rows["overdue"] == 0, text
+    assert result.most_rows.get("bidding_announcements", 0) < result.verdict.accepted, text
+    assert result.most_rows.get("overdue") == 0, text
     # and the protocol checker finds every task's message log in order, faults and all
     assert result.protocol is not None, text
     assert result.protocol.violations == [], text

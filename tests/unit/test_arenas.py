@@ -29,7 +29,7 @@ print(limit_arenas(int(sys.argv[1])), arenas_after_threads(8))
 
 def arenas_of(cap: int, environ: dict[str, str] | None = None) -> tuple[bool, int]:
     """(whether the cap was set, how many arenas eight live threads ended up with)."""
-    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_ARENA_MAX", "GLIBC_TUNABLES")}
     out = subprocess.run([sys.executable, "-c", PROGRAM, str(cap)], env={**env, **(environ or {})},
                          cwd=ROOT, capture_output=True, text=True, timeout=60,
                          check=True).stdout.split()
@@ -59,5 +59,14 @@ def test_malloc_arena_max_in_the_environment_is_left_as_the_operator_set_it() ->
     # when the node's cap of two would apply
     capped, arenas = arenas_of(2, {"MALLOC_ARENA_MAX": "4"})
     # then the operator's four stands
+    assert not capped
+    assert 2 < arenas <= 4
+
+
+def test_an_arena_limit_among_glibcs_tunables_is_left_as_set() -> None:
+    # given glibc.malloc.arena_max=4 among GLIBC_TUNABLES (glibc's newer knob)
+    # when the node's cap of two would apply
+    capped, arenas = arenas_of(2, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"})
+    # then the tunable's four stands
     assert not capped
     assert 2 < arenas <= 4

@@ -176,17 +176,24 @@ def test_rows_go_in_with_their_ids_returned_in_their_order(settings: Settings) -
     with write_session(url) as session:
         earlier = insert_rows(session, BidRow.__table__, bids(["e0", "e1", "e2"]),
                               returning=("id",))
+    # (the newest of them pruned since: its id may be given again)
+    with write_session(url) as session:
+        session.execute(text("DELETE FROM bidding_bids WHERE node = 'e2'"))
     # when 250 rows are inserted, returning their ids and two of their columns
     names = [f"n{i}" for i in range(250)]
+    seen = _statements(url)
     with write_session(url) as session:
         got = insert_rows(session, BidRow.__table__, bids(names),
                           returning=("id", "node", "is_winner"))
     # then each row is stored as given, and what is returned is theirs, in their order,
-    # typed as the columns are (none of the earlier rows among them)
+    # typed as the columns are (none of the earlier rows among them); on SQLite in one
+    # INSERT on the driver's cursor, between a read of the largest id and the read-back
+    if url.startswith("sqlite"):
+        assert seen == ["SELECT", "INSERT", "SELECT"]
     assert [node for _, node, _ in got] == names
     assert [is_winner for _, _, is_winner in got] == [name == "n2" for name in names]
     assert all(type(is_winner) is bool for _, _, is_winner in got)
-    assert not {row_id for row_id, *_ in got} & {row_id for row_id, in earlier}
+    assert not {row_id for row_id, *_ in got} & {row_id for row_id, in earlier[:2]}
     with read_session(url) as session:
         stored = {b.id: b for b in session.scalars(select(BidRow))}
     assert all(stored[row_id].node == node for row_id, node, _ in got)
