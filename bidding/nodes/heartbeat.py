@@ -13,9 +13,9 @@ import logging
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
-from sqlalchemy import CursorResult, Table, bindparam, func, select, update
+from sqlalchemy import Table, bindparam, func, select, update
 
 from bidding import clock
 from bidding.config import Settings
@@ -137,13 +137,16 @@ def beat(settings: Settings, profile: NodeProfile, now: float | None = None, *,
             seen = LeaseSeen(found[2], found[3])
         incarnation.beat_counted(me, worker_moved)
     else:
+        # On SQLite's cursor too (``store.direct``): three statements in one transaction.
         with write_session(settings.database_url) as session:
-            moved = cast(CursorResult[Any], session.execute(_BEAT, node)).rowcount
+            conn = core(session)
+            moved = execute(conn, _BEAT, node).rowcount
             if me is not None:
-                incarnation.beat_in(session, me, now=now, running=running)
+                params = incarnation.beat_params(me, now=now, running=running)
+                incarnation.beat_counted(me, execute(conn, incarnation.BEAT, params).rowcount)
             if lease is not None:
-                row = session.execute(_LEASE, {"j_name": lease}).first()
-                seen = (LeaseSeen(row.due_at, row.last_by) if row is not None
+                row = execute(conn, _LEASE, {"j_name": lease}).one_or_none()
+                seen = (LeaseSeen(row[0], row[1]) if row is not None
                         else LeaseSeen(None, None))
     if moved != 1:
         heartbeat(settings, profile, now=now)
