@@ -142,8 +142,7 @@ def beat(settings: Settings, profile: NodeProfile, now: float | None = None, *,
             conn = core(session)
             moved = execute(conn, _BEAT, node).rowcount
             if me is not None:
-                params = incarnation.beat_params(me, now=now, running=running)
-                incarnation.beat_counted(me, execute(conn, incarnation.BEAT, params).rowcount)
+                incarnation.beat_in(session, me, now=now, running=running)
             if lease is not None:
                 row = execute(conn, _LEASE, {"j_name": lease}).one_or_none()
                 seen = (LeaseSeen(row[0], row[1]) if row is not None

@@ -26,6 +26,8 @@ from sqlalchemy.orm import Session
 from bidding import clock
 from bidding.config import Settings
 from bidding.store import read_session, write_session
+from bidding.store.direct import execute
+from bidding.store.engine import core
 from bidding.store.schema import Worker
 
 logger = logging.getLogger(__name__)
@@ -134,10 +136,9 @@ def beat(settings: Settings, me: Incarnation, status: str = "online",
 def beat_in(session: Session, me: Incarnation, *, now: float, status: str = "online",
             running: Sequence[str] = ()) -> bool:
     """``beat`` in a write ``session`` of the caller's (the node's periodic heartbeat writes
-    the node's row and this one in one transaction)."""
-    moved = cast(CursorResult[Any], session.execute(
-        BEAT, beat_params(me, now=now, status=status, running=running))).rowcount
-    return beat_counted(me, moved)
+    the node's row and this one in one transaction), on the driver's cursor (``store.direct``)."""
+    return beat_counted(me, execute(core(session), BEAT, beat_params(
+        me, now=now, status=status, running=running)).rowcount)
 
 
 def beat_params(me: Incarnation, *, now: float, status: str = "online",
