@@ -247,26 +247,18 @@ def finished_in_the_database_file(database_url: str, task_ids: list[str], scratc
     """Whether a SQLite store's database file alone, its write-ahead log left out, has every
     one of ``task_ids`` in SUCCESS: what a checkpoint copied there (a copy of the file is
     read, in ``scratch``)."""
-    import shutil
     import sqlite3
 
-    from bidding.store.engine import sqlite_path
+    from tests.sqlite_alone import database_file_alone
 
-    path = sqlite_path(database_url)
-    assert path is not None, f"{database_url} is no SQLite store"
-    alone = scratch / "alone.db"
-    shutil.copyfile(path, alone)
+    marks = ",".join("?" * len(task_ids))
     try:
-        with sqlite3.connect(alone) as conn:
-            marks = ",".join("?" * len(task_ids))
+        with database_file_alone(database_url, scratch) as conn:
             done = conn.execute(
                 f"SELECT count(*) FROM bidding_announcements WHERE task_id IN ({marks})"
                 " AND state = 'SUCCESS'", task_ids).fetchone()[0]
     except sqlite3.DatabaseError:  # copied while a checkpoint wrote it: look again
         return False
-    finally:
-        for leftover in scratch.glob("alone.db*"):
-            leftover.unlink()
     return bool(done == len(task_ids))
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import threading
 from pathlib import Path
@@ -17,6 +16,7 @@ from bidding.context import Context
 from bidding.store import checkpoint as wal
 from bidding.store import read_session, write_session
 from bidding.store.engine import WAL_BACKSTOP_FRAMES, get_engine, sqlite_path
+from tests.sqlite_alone import database_file_alone
 
 
 def _write_rows(url: str, rows: int) -> None:
@@ -30,11 +30,7 @@ def _write_rows(url: str, rows: int) -> None:
 def _rows_in_the_database_file(url: str, tmp_path: Path) -> int:
     """The filler rows a reader finds in the store's database file alone (its log left out):
     only what a checkpoint has copied there."""
-    path = sqlite_path(url)
-    assert path is not None
-    alone = tmp_path / "alone.db"
-    shutil.copyfile(path, alone)
-    with sqlite3.connect(alone) as conn:
+    with database_file_alone(url, tmp_path) as conn:
         try:
             return int(conn.execute("SELECT count(*) FROM filler").fetchone()[0])
         except sqlite3.OperationalError:  # no such table: not copied yet
